@@ -23,9 +23,12 @@ class RetrievalConfig:
     top_k_sentence: int = 1  # reference mode: unused sentences an active entity expands per step
     passage_node_weight: float = 0.05  # W_p of eq. 7
     top_k: int = 5  # passages returned per question
-    ppr_tol: float = 1e-9  # power iteration stops when the L1 change of every column is below this
+    ppr_tol: float = 1e-6  # a question's power iteration stops when its L1 change falls below this
+                           # (float32 rounding puts the floor near 1e-7)
     ppr_max_iter: int = 200
     adjacent_passages: bool = False  # link passage i to i+1 (only for consecutive chunks of one text)
+    use_activation: bool = True  # ablation switch: False keeps the seeds only (no propagation)
+    use_ppr: bool = True  # ablation switch: False ranks passages by their eq. 7 reset weight
 
     def __post_init__(self) -> None:
         self.validate()

@@ -62,7 +62,9 @@ def activate(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig):
     B = queries.batch_size
     seeds, is_seed = seed_entities(graph.entity_emb, queries.entity_emb, queries.entity_owner, B)
     sigma = sentence_relevance(graph.sentence_emb, queries.query_emb)
-    if cfg.mode == "paper":
+    if not cfg.use_activation:
+        act = Activation(act=seeds, tier=is_seed.to(torch.int64), reset=seeds)
+    elif cfg.mode == "paper":
         act = propagate_paper(graph.M, graph.MT, sigma, seeds, is_seed, cfg)
     else:
         act = propagate_reference(graph.M_crow, graph.M_col, graph.MT_crow, graph.MT_col, sigma, seeds, is_seed, cfg)
@@ -84,11 +86,12 @@ def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, 
     sim = graph.passage_emb @ queries.query_emb.T  # [P, B]
     seeds, is_seed, act = activate(graph, queries, cfg)
     reset_p = passage_reset(sim, graph.N_log, act.act, act.tier, cfg)
-    ppr_p, _, valid = personalized_pagerank(graph.ppr_graph(cfg.adjacent_passages), reset_p, act.reset, cfg)
-    has_entity = torch.zeros(B, dtype=torch.bool, device=graph.device)
-    has_entity[queries.entity_owner] = True
-    use_graph = has_entity & valid
-    scores = torch.where(use_graph, ppr_p, sim)  # dense retrieval for questions without an entity
+    if cfg.use_ppr:
+        ppr_p, _, valid = personalized_pagerank(graph.ppr_graph(cfg.adjacent_passages), reset_p, act.reset, cfg)
+    else:
+        ppr_p, valid = reset_p, torch.ones(B, dtype=torch.bool, device=graph.device)
+    use_graph = is_seed.any(dim=0) & valid
+    scores = torch.where(use_graph, ppr_p, sim)  # dense retrieval for questions without a seed
     idx, vals = top_k(scores, k)
     out = Retrieved(idx, vals)
     if trace:

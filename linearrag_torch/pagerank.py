@@ -92,12 +92,15 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
     rp, re = rp / norm, re / norm
     d = cfg.damping
     xp, xe = rp, re
+    running = torch.ones_like(valid)
     for _ in range(cfg.ppr_max_iter):
         new_p, new_e, dangling = graph.step(xp, xe)
         np_ = (1 - d) * rp + d * (new_p + dangling * rp)
         ne_ = (1 - d) * re + d * (new_e + dangling * re)
         change = (np_ - xp).abs().sum(0) + (ne_ - xe).abs().sum(0)
-        xp, xe = np_, ne_
-        if bool((change < cfg.ppr_tol).all()):
+        xp = torch.where(running, np_, xp)  # a converged question keeps its iterate, as it would alone
+        xe = torch.where(running, ne_, xe)
+        running = running & (change >= cfg.ppr_tol)
+        if not bool(running.any()):
             break
     return xp, xe, valid

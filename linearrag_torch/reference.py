@@ -1,0 +1,219 @@
+"""The scipy reference: one question at a time, in float64, as docs/METHOD.md states the math.
+
+This is the test oracle for the torch backend and the baseline of the benchmarks, so it is written to
+be read, not to be fast: plain per-question loops, dicts and sets for the breadth-first `reference`
+mode, scipy.sparse for the matrix products. Each function names the equation it implements.
+
+Readings chosen where METHOD.md leaves room (the torch backend must make the same choices):
+- an index without entities answers every question densely (there is no seed to find);
+- `paper` mode: a step with no newly active entity is discarded whole (a_t = a_{t-1}), even if it
+  raised an already active entity; a seed never changes tier;
+- `reference` mode: a seed triggered again gets the new score and tier like any other entity;
+- the sum of eq. 7 runs over entities with tier >= 1 only, with act / L_e computed per entity;
+- ln(1 + z) is computed as log1p(z) (a value below -1 gives NaN, which the PPR reset sets to 0);
+- PPR stops on this question's own L1 change; it returns the iterate that met the tolerance.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from .config import RetrievalConfig
+from .queries import EncodedQueries, Retrieved
+
+if TYPE_CHECKING:
+    from .index import TriGraphIndex
+
+
+def _f64(t: torch.Tensor) -> np.ndarray:
+    return np.asarray(t.detach().cpu().numpy(), dtype=np.float64)
+
+
+def _csr64(mat) -> sp.csr_matrix:
+    return mat.scipy().astype(np.float64).tocsr()
+
+
+def seeds(index: TriGraphIndex, query_entity_emb: np.ndarray, owner, B: int) -> list:
+    """Eq. 3: per question {entity: seed score}. A question entity's seed is the graph entity of largest
+    cosine (ties: lowest index, as np.argmax); several entities with one seed keep the largest score."""
+    entity_emb = _f64(index.entity_emb)
+    query_entity_emb = np.asarray(query_entity_emb, dtype=np.float64)
+    owner = np.asarray(owner, dtype=np.int64)
+    out = [dict() for _ in range(B)]
+    if entity_emb.shape[0] == 0:
+        return out  # no graph entity to seed: every question goes dense
+    for b in range(B):
+        cos = entity_emb @ query_entity_emb[owner == b].T  # E x (entities of question b)
+        for j in range(cos.shape[1]):
+            e = int(np.argmax(cos[:, j]))
+            out[b][e] = max(out[b].get(e, -np.inf), float(cos[e, j]))
+    return out
+
+
+def activate_paper(M: sp.csr_matrix, sigma: np.ndarray, seeds_dict: dict, config: RetrievalConfig):
+    """Eq. 5 with dynamic pruning (mode `paper`). Returns (act, tier, reset_entity), all of length E:
+    act = a_final (used in eq. 7), tier (0 = inactive, 1 = seed, t + 1 = first active at step t) and
+    reset_entity = a_final (the entity part of the PPR reset)."""
+    E = M.shape[1]
+    a = np.zeros(E)
+    tier = np.zeros(E, dtype=np.int64)
+    for e, score in seeds_dict.items():
+        a[e] = score
+        tier[e] = 1
+    for t in range(1, config.max_iterations):
+        x = M @ (a * (a >= config.delta))  # S
+        y = M.T @ (sigma * x)  # E
+        a_new = np.maximum(y * (y >= config.delta), a)
+        newly = (a_new >= config.delta) & (tier == 0)
+        if not newly.any():
+            break  # a_t = a_{t-1}: this step is dropped
+        tier[newly] = t + 1
+        a = a_new
+    return a, tier, a.copy()
+
+
+def activate_reference(M: sp.csr_matrix, MT: sp.csr_matrix, sigma: np.ndarray, seeds_dict: dict,
+                       config: RetrievalConfig):
+    """Mode `reference`: the reference code's breadth-first expansion, order-free (METHOD.md).
+    M is S x E and MT its transpose, both CSR. Returns (score, tier, weight), all of length E:
+    score = last recorded activation (used in eq. 7), tier (0 = inactive), weight = accumulated
+    activation (the entity part of the PPR reset)."""
+    score = dict(seeds_dict)
+    weight = dict(seeds_dict)
+    tier = {e: 1 for e in seeds_dict}
+    used = set()
+    frontier = set(seeds_dict)
+    for t in range(1, config.max_iterations):
+        taken = []  # (e, s) pairs of this step
+        for e in sorted(frontier):
+            if score[e] < config.delta:
+                continue
+            mention = MT.indices[MT.indptr[e]:MT.indptr[e + 1]]
+            free = sorted((int(s) for s in mention if int(s) not in used), key=lambda s: (-sigma[s], s))
+            taken.extend((e, s) for s in free[: config.top_k_sentence])
+        used.update(s for _, s in taken)  # only after the step: entities of one step may share a sentence
+        triggered = {}  # e2 -> largest candidate that triggered it at this step
+        for e, s in taken:
+            cand = score[e] * sigma[s]
+            if cand >= config.delta:
+                for e2 in M.indices[M.indptr[s]:M.indptr[s + 1]]:
+                    e2 = int(e2)
+                    weight[e2] = weight.get(e2, 0.0) + cand
+                    triggered[e2] = max(triggered.get(e2, -np.inf), cand)
+        for e2, cand in triggered.items():
+            score[e2] = cand
+            tier[e2] = t + 1
+        frontier = set(triggered)
+        if not frontier:
+            break
+    E = M.shape[1]
+    score_v, tier_v, weight_v = np.zeros(E), np.zeros(E, dtype=np.int64), np.zeros(E)
+    for e in tier:
+        score_v[e], tier_v[e], weight_v[e] = score[e], tier[e], weight[e]
+    return score_v, tier_v, weight_v
+
+
+def passage_reset(sim: np.ndarray, N: sp.csr_matrix, act: np.ndarray, tier: np.ndarray,
+                  config: RetrievalConfig) -> np.ndarray:
+    """Eq. 7: I0(p) = (lam * sim'(p) + ln(1 + sum_{e active} act[e] * ln(1 + N[p,e]) / L_e)) * W_p,
+    sim' the min-max normalised cosine (0 everywhere when max = min)."""
+    lo, hi = sim.min(), sim.max()
+    sim_n = (sim - lo) / (hi - lo) if hi > lo else np.zeros_like(sim)
+    per_entity = np.zeros(len(act))
+    active = tier > 0
+    per_entity[active] = act[active] / tier[active]
+    log_n = N.copy()
+    log_n.data = np.log1p(log_n.data)  # ln(1 + N[p,e]); stored entries only, since ln(1 + 0) = 0
+    with np.errstate(invalid="ignore"):
+        return (config.lam * sim_n + np.log1p(log_n @ per_entity)) * config.passage_node_weight
+
+
+def transition_matrix(C: sp.csr_matrix, adjacent_passages: bool):
+    """The walk of eq. 6 on the undirected P + E graph: returns (Aᵀ D⁻¹ as CSR, dangling mask), where A
+    holds C between passages and entities (and weight 1 between passages i, i+1 if asked)."""
+    P, E = C.shape
+    if adjacent_passages and P > 1:
+        i = np.arange(P - 1)
+        chain = sp.coo_matrix((np.ones(2 * (P - 1)), (np.r_[i, i + 1], np.r_[i + 1, i])), shape=(P, P))
+    else:
+        chain = sp.csr_matrix((P, P))
+    A = sp.bmat([[chain, C], [C.T, sp.csr_matrix((E, E))]], format="csr")
+    strength = np.asarray(A.sum(axis=1)).ravel()
+    dangling = strength == 0
+    inv = np.zeros_like(strength)
+    inv[~dangling] = 1.0 / strength[~dangling]
+    return (A.T @ sp.diags(inv)).tocsr(), dangling
+
+
+def personalized_pagerank(C: sp.csr_matrix, reset_p: np.ndarray, reset_e: np.ndarray,
+                          config: RetrievalConfig, walk=None):
+    """Eq. 6: x_{k+1} = (1 - d) r + d (Aᵀ D⁻¹ x_k + (sum of x_k over dangling nodes) r), x_0 = r, until
+    the L1 change is below ppr_tol or ppr_max_iter iterations. r = [reset_p; reset_e] with negatives and
+    NaN set to 0, normalised to sum 1. Returns x (passages first, then entities), or None if r sums to 0.
+    ``walk`` is transition_matrix(C, config.adjacent_passages), passed in to build it only once."""
+    T, dangling = walk if walk is not None else transition_matrix(C, config.adjacent_passages)
+    r = np.concatenate([reset_p, reset_e]).astype(np.float64)
+    r[np.isnan(r)] = 0.0
+    r[r < 0] = 0.0
+    total = r.sum()
+    if not total > 0:
+        return None
+    r = r / total
+    d = config.damping
+    x = r
+    for _ in range(config.ppr_max_iter):
+        x_new = (1 - d) * r + d * (T @ x + x[dangling].sum() * r)
+        change = np.abs(x_new - x).sum()
+        x = x_new
+        if change < config.ppr_tol:
+            break
+    return x
+
+
+def _rank(values: np.ndarray, k: int):
+    """Top k by value, ties to the lowest passage index."""
+    order = np.argsort(-values, kind="stable")[:k]
+    return order, values[order]
+
+
+def retrieve(index: TriGraphIndex, queries: EncodedQueries, config: RetrievalConfig) -> Retrieved:
+    """Returns Retrieved(indices, scores) as torch tensors (int64 [B,k], float32 [B,k]) computed with
+    numpy/scipy, k = min(config.top_k, P)."""
+    P = index.num_passages
+    B = queries.batch_size
+    k = min(config.top_k, P)
+    passage_emb, sentence_emb = _f64(index.passage_emb), _f64(index.sentence_emb)
+    M, C, N = _csr64(index.M), _csr64(index.C), _csr64(index.N)
+    MT = M.T.tocsr()
+    walk = transition_matrix(C, config.adjacent_passages)
+    seed_dicts = seeds(index, _f64(queries.entity_emb), queries.entity_owner.cpu().numpy(), B)
+    indices = np.zeros((B, k), dtype=np.int64)
+    scores = np.zeros((B, k), dtype=np.float64)
+    for b in range(B):
+        q = _f64(queries.query_emb[b])
+        sim = passage_emb @ q  # cos(q, p)
+        x = None
+        if seed_dicts[b] and P > 0:
+            sigma = sentence_emb @ q  # eq. 4
+            if not config.use_activation:  # ablation: the seeds alone
+                act, tier = np.zeros(M.shape[1]), np.zeros(M.shape[1], dtype=np.int64)
+                for e, v in seed_dicts[b].items():
+                    act[e], tier[e] = v, 1
+                reset_e = act
+            elif config.mode == "paper":
+                act, tier, reset_e = activate_paper(M, sigma, seed_dicts[b], config)
+            else:
+                act, tier, reset_e = activate_reference(M, MT, sigma, seed_dicts[b], config)
+            reset_p = passage_reset(sim, N, act, tier, config)
+            if config.use_ppr:
+                x = personalized_pagerank(C, reset_p, reset_e, config, walk=walk)
+            else:  # ablation: rank by the eq. 7 reset weights
+                x = reset_p
+        if x is None:  # dense fallback: no question entity, or a reset summing to zero
+            indices[b], scores[b] = _rank(sim, k)
+        else:
+            indices[b], scores[b] = _rank(x[:P], k)
+    return Retrieved(torch.from_numpy(indices), torch.from_numpy(scores.astype(np.float32)))
