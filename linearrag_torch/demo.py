@@ -56,11 +56,12 @@ def run_demo(args) -> int:
             print("   seeds: " + ", ".join(f"{name} ({score:.2f})" for name, score in ex["seeds"]))
         for rank, (hit, ents) in enumerate(ex["hits"], 1):
             mark = "*" if hit.id in gold else " "
-            bridges = [f"{n} (hop {t - 1})" for n, t, _ in ents if t >= 2]
-            seeds = [n for n, t, _ in ents if t == 1]
             print(f" {mark}{rank}. {hit.title}  score {hit.score:.4f}")
-            if seeds or bridges:
-                print("      via " + ", ".join(seeds + bridges))
+            if ents:  # the activated entities this passage contains, strongest first
+                ents = sorted(ents, key=lambda x: -x[2])
+                shown = [f"{n} ({'seed' if t == 1 else f'hop {t - 1}'})" for n, t, _ in ents[:6]]
+                more = f" and {len(ents) - 6} more" if len(ents) > 6 else ""
+                print("      entities: " + ", ".join(shown) + more)
     all_hits = rag.search([q["question"] for q in questions], top_k=5)
     dt = time.perf_counter() - t0
     r2 = sum(len(set(q["supporting_ids"]) & {h.id for h in hits[:2]}) / len(q["supporting_ids"]) for q, hits in zip(questions, all_hits))

