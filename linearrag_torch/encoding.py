@@ -65,7 +65,10 @@ def _check_sentence_transformers_layout(folder: Path) -> None:
 class Encoder:
     """Embeds texts as L2-normalised float32 vectors, batched and sorted by length."""
 
-    def __init__(self, name_or_path: str = MINILM_NAMES[0], device="cpu", max_length: int = 256, batch_size: int = 64):
+    def __init__(self, name_or_path: str = MINILM_NAMES[0], device="cpu", max_length: int = 256, batch_size: int = 64,
+                 autocast="auto"):
+        """``autocast``: the reduced precision the transformer runs in; "auto" = bf16 (or fp16) on CUDA
+        and float32 elsewhere, None = always float32, or a dtype (tests run the CUDA setting on CPU)."""
         from transformers import AutoModel, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -86,6 +89,11 @@ class Encoder:
         self.model.to(self.device).eval()
         self.max_length = max_length
         self.batch_size = batch_size
+        if autocast == "auto":
+            autocast = None
+            if self.device.type == "cuda":
+                autocast = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        self.autocast = autocast
 
     @property
     def dim(self) -> int:
@@ -107,11 +115,7 @@ class Encoder:
     def _encode_batch(self, batch: list) -> torch.Tensor:
         enc = self.tokenizer(batch, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
         enc = {k: v.to(self.device) for k, v in enc.items()}
-        if self.device.type == "cuda":
-            dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-            with torch.autocast("cuda", dtype=dtype):
-                hidden = self.model(**enc).last_hidden_state
-        else:
+        with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
             hidden = self.model(**enc).last_hidden_state
         mask = enc["attention_mask"].unsqueeze(-1).to(torch.float32)
         summed = (hidden.float() * mask).sum(dim=1)
