@@ -1,6 +1,8 @@
 """Stage 1, entity activation by semantic bridging (eqs. 3-5), batched over B questions.
 
-All state is dense (entities x B) / (sentences x B); sparse products are torch.sparse_csr SpMM.
+The state is dense (entities x B); nothing of size (sentences x B) is formed: sigma (eq. 4) is computed
+for the (sentence, question) pairs a step visits (see kernels/), so ``sigma`` arguments are either a
+dense [S, B] tensor (small tests) or the pair (sentence_emb, query_emb).
 See docs/METHOD.md for the exact semantics of both modes.
 """
 from __future__ import annotations
@@ -9,7 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
+from . import kernels
 from .config import RetrievalConfig
+from .kernels import top_k_per_segment  # noqa: F401  (re-exported: tests and older callers import it here)
 
 
 @dataclass
@@ -27,6 +31,22 @@ class Activation:
     steps: int = 0
 
 
+def nearest_entities(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, rows: int = 256, cols: int = 1 << 16):
+    """For each question entity: (largest cosine, index of the first graph entity reaching it), computed
+    in [rows x cols] blocks of the similarity matrix (never the whole Q x E matrix)."""
+    Q, E = query_entity_emb.shape[0], entity_emb.shape[0]
+    best = torch.full((Q,), float("-inf"), dtype=entity_emb.dtype, device=entity_emb.device)
+    arg = torch.zeros(Q, dtype=torch.int64, device=entity_emb.device)
+    for i in range(0, Q, rows):
+        q = query_entity_emb[i:i + rows]
+        for j in range(0, E, cols):
+            v, a = (q @ entity_emb[j:j + cols].T).max(dim=1)  # max returns the first maximum
+            better = v > best[i:i + rows]  # strict: an earlier block keeps a tie
+            best[i:i + rows] = torch.where(better, v, best[i:i + rows])
+            arg[i:i + rows] = torch.where(better, a + j, arg[i:i + rows])
+    return best, arg
+
+
 def seed_entities(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, owner: torch.Tensor, batch: int):
     """Eq. 3: each question entity seeds its most cosine-similar graph entity with that cosine.
 
@@ -37,7 +57,7 @@ def seed_entities(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, owne
     seeds = torch.zeros(E * batch, dtype=entity_emb.dtype, device=entity_emb.device)
     is_seed = torch.zeros(E * batch, dtype=torch.bool, device=entity_emb.device)
     if query_entity_emb.shape[0] and E:
-        best, arg = (query_entity_emb @ entity_emb.T).max(dim=1)  # [Q]; max returns the first maximum
+        best, arg = nearest_entities(entity_emb, query_entity_emb)  # [Q]
         idx = arg * batch + owner
         # a cosine can be <= 0: reduce from -inf, not from the zeros of non-seeds
         seeds = seeds.fill_(float("-inf")).scatter_reduce_(0, idx, best, "amax")
@@ -54,18 +74,15 @@ def sentence_relevance(sentence_emb: torch.Tensor, query_emb: torch.Tensor) -> t
 def propagate_paper(M, MT, sigma, seeds, is_seed, cfg: RetrievalConfig) -> Activation:
     """Eq. 5 with dynamic pruning: a_t = max(Mᵀ(sigma ⊙ M(a ⊙ [a >= delta])) pruned at delta, a_{t-1}).
 
-    M [S, E] and MT [E, S] are sparse CSR; a question stops (keeps a_{t-1}) at the first step that
-    activates no new entity.
+    M [S, E] and MT [E, S] are sparse CSR; each step is kernels.propagate_step (on the touched entries
+    only). A question stops (keeps a_{t-1}) at the first step that activates no new entity.
     """
     a = seeds.clone()
     tier = is_seed.to(torch.int64)
     live = torch.ones(a.shape[1], dtype=torch.bool, device=a.device)
     steps = 0
     for t in range(1, cfg.max_iterations):
-        active = a * (a >= cfg.delta)
-        y = MT @ (sigma * (M @ active))
-        y = y * (y >= cfg.delta)
-        a_new = torch.maximum(y, a)
+        a_new = kernels.propagate_step(M, MT, a, sigma, cfg.delta)
         newly = (a_new >= cfg.delta) & (tier == 0)
         live = live & newly.any(dim=0)
         if not bool(live.any()):
@@ -77,74 +94,50 @@ def propagate_paper(M, MT, sigma, seeds, is_seed, cfg: RetrievalConfig) -> Activ
 
 
 def _segment_positions(crow: torch.Tensor, rows: torch.Tensor):
-    """For a list of CSR rows, the owner (position in ``rows``) and storage position of every entry."""
-    starts = crow[rows]
-    lens = crow[rows + 1] - starts
-    owner = torch.repeat_interleave(torch.arange(rows.numel(), device=rows.device), lens)
-    offsets = torch.cumsum(lens, 0) - lens
-    pos = torch.arange(owner.numel(), device=rows.device) - offsets[owner] + starts[owner]
-    return owner, pos, offsets
-
-
-def top_k_per_segment(values: torch.Tensor, owner: torch.Tensor, offsets: torch.Tensor, k: int) -> torch.Tensor:
-    """Positions of the k largest finite values of each segment (segments are contiguous runs of
-    ``owner``; ties keep the earlier position)."""
-    order = torch.argsort(-values, stable=True)
-    order = order[torch.argsort(owner[order], stable=True)]
-    rank = torch.arange(order.numel(), device=values.device) - offsets[owner[order]]
-    keep = (rank < k) & torch.isfinite(values[order])
-    return order[keep]
+    """For a list of CSR rows, the owner (position in ``rows``), storage position and start offsets."""
+    return kernels.segment_positions(crow, rows)
 
 
 def propagate_reference(M_crow, M_col, MT_crow, MT_col, sigma, seeds, is_seed, cfg: RetrievalConfig) -> Activation:
     """The reference code's breadth-first activation, for a batch, in the order-free form of METHOD.md.
 
-    Each frontier entity (score >= delta) takes its top_k_sentence unused sentences by sigma; every
-    entity of a taken sentence gets candidate score(e) * sigma[s]; candidates >= delta add to its
-    accumulated weight and re-activate it (score = largest candidate, tier = t + 1).
+    Each frontier entity (score >= delta) takes its top_k_sentence unused sentences by sigma
+    (kernels.segment_topk_sigma); every entity of a taken sentence gets candidate score(e) * sigma[s];
+    candidates >= delta add to its accumulated weight and re-activate it (score = largest candidate,
+    tier = t + 1). The frontier and the used sentences are kept as index lists, not [E, B] / [S, B] masks.
     """
     E, B = seeds.shape
     device = seeds.device
     score = seeds.clone()
     weight = seeds.clone()
     tier = is_seed.to(torch.int64)
-    frontier = torch.where(is_seed, seeds, torch.zeros_like(seeds))
-    frontier_mask = is_seed.clone()
+    e_idx, b_idx = torch.nonzero(is_seed, as_tuple=True)  # the frontier, sorted by (e, b)
+    f = seeds[e_idx, b_idx]
     used = torch.empty(0, dtype=torch.int64, device=device)  # sorted keys s * B + b
     steps = 0
     for t in range(1, cfg.max_iterations):
-        e_idx, b_idx = torch.nonzero(frontier_mask & (frontier >= cfg.delta), as_tuple=True)
+        keep = f >= cfg.delta
+        e_idx, b_idx, f = e_idx[keep], b_idx[keep], f[keep]
         if e_idx.numel() == 0:
             break
         steps = t
-        f = frontier[e_idx, b_idx]
-        # candidate sentences: the CSR rows of Mᵀ of the frontier entities
-        owner, pos, offsets = _segment_positions(MT_crow, e_idx)
-        s = MT_col[pos]
-        b = b_idx[owner]
-        sig = sigma[s, b]
-        keys = s * B + b
-        avail = ~torch.isin(keys, used) if used.numel() else torch.ones_like(keys, dtype=torch.bool)
-        chosen = top_k_per_segment(torch.where(avail, sig, torch.full_like(sig, float("-inf"))), owner, offsets, cfg.top_k_sentence)
-        used = torch.unique(torch.cat([used, keys[chosen]]))
-        base = f[owner[chosen]] * sig[chosen]  # score(e) * sigma[s] for each taken (e, s)
-        cs, cb = s[chosen], b[chosen]
+        picks = kernels.segment_topk_sigma(MT_crow, MT_col, e_idx, b_idx, sigma, used, B, cfg.top_k_sentence)
+        pair, _ = torch.nonzero(picks >= 0, as_tuple=True)  # (pair, rank) in pair order, best first
+        cs = picks[picks >= 0]
+        cb = b_idx[pair]
+        used = torch.unique(torch.cat([used, cs * B + cb]))
+        base = f[pair] * kernels.gather_sigma(sigma, cs, cb)  # score(e) * sigma[s] for each taken (e, s)
         # every entity of each taken sentence receives the candidate
-        owner2, pos2, _ = _segment_positions(M_crow, cs)
-        e2 = M_col[pos2]
-        b2 = cb[owner2]
+        owner2, pos2, _ = kernels.segment_positions(M_crow, cs)
         cand = base[owner2]
         ok = cand >= cfg.delta
-        e2, b2, cand = e2[ok], b2[ok], cand[ok]
-        flat = e2 * B + b2
+        flat = M_col[pos2][ok].to(torch.int64) * B + cb[owner2][ok]
+        cand = cand[ok]
         weight.view(-1).index_add_(0, flat, cand)
-        new = torch.full((E * B,), float("-inf"), dtype=seeds.dtype, device=device)
-        new.scatter_reduce_(0, flat, cand, "amax")
-        trig = torch.zeros(E * B, dtype=torch.bool, device=device)
-        trig[flat] = True
-        new, trig = new.view(E, B), trig.view(E, B)
-        score = torch.where(trig, new, score)
-        tier = torch.where(trig, t + 1, tier)
-        frontier = torch.where(trig, new, torch.zeros_like(new))
-        frontier_mask = trig
+        flat, inv = torch.unique(flat, sorted=True, return_inverse=True)
+        new = torch.full((flat.numel(),), float("-inf"), dtype=seeds.dtype, device=device)
+        new.scatter_reduce_(0, inv, cand, "amax")
+        score.view(-1)[flat] = new
+        tier.view(-1)[flat] = t + 1
+        e_idx, b_idx, f = flat // B, flat % B, new
     return Activation(act=score, tier=tier, reset=weight, steps=steps)

@@ -13,7 +13,7 @@ import torch
 
 from . import engine, reference
 from .config import IndexConfig, RetrievalConfig
-from .corpus import Passage, check_question, read_corpus
+from .corpus import Passage, as_passages, check_new_ids, check_question, read_corpus
 from .index import TriGraphIndex
 from .queries import EncodedQueries, Retrieved
 
@@ -48,6 +48,7 @@ class LinearRAG:
         self._nlp = nlp
         self._encoder = encoder
         self._graph = None
+        self._lexicon = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -57,10 +58,8 @@ class LinearRAG:
         from .build import build_index
 
         dev = resolve_device(device)
-        passages = read_corpus(corpus) if isinstance(corpus, (str, bytes)) or hasattr(corpus, "__fspath__") else [
-            p if isinstance(p, Passage) else Passage(p.get("id", i), p.get("title", "") or "", p["text"])
-            for i, p in enumerate(corpus)
-        ]
+        passages = _read_passages(corpus)
+        check_new_ids(passages, (), source=corpus if _is_path(corpus) else None)
         index_config = index_config or IndexConfig()
         nlp = nlp or _load_nlp(index_config)
         encoder = encoder or _load_encoder(index_config, dev)
@@ -74,9 +73,40 @@ class LinearRAG:
         return cls(TriGraphIndex.load(path, device="cpu"), device)
 
     def save(self, path):
-        """Write the index atomically to folder ``path`` (config included)."""
+        """Write the index atomically to folder ``path`` (config included), under the folder's write lock."""
         self.index.retrieval_config = self.config
         return self.index.save(path)
+
+    # ------------------------------------------------------------------ updates
+    def add(self, corpus, progress: bool = False) -> "LinearRAG":
+        """Append passages (a JSONL path, or a list of Passage / dicts as for build) to the index in memory;
+        call save() to write it. Only the new passages are analysed and encoded; the result equals
+        the index built from all passages at once. A missing id defaults to the passage's position
+        in the grown index. An id already in the index (or repeated) raises InputError naming it and
+        its line; the index is then unchanged. Two passages with the same text stay two passages."""
+        from .build import add_passages
+
+        passages = _read_passages(corpus, first_id=self.index.num_passages)
+        check_new_ids(passages, self.index.passage_ids, source=corpus if _is_path(corpus) else None)
+        self._set_index(add_passages(self.index, passages, progress=progress, nlp=self.nlp, encoder=self.encoder))
+        return self
+
+    def delete(self, ids) -> "LinearRAG":
+        """Remove the passages with these ids (an id or a list; 7 and "7" are the same id) and the sentences
+        and entities no remaining passage has, in memory; call save() to write it. The result equals
+        the index built without them (embeddings are kept, not recomputed). An unknown id raises
+        ValueError naming it; the index is then unchanged."""
+        from .build import delete_passages
+
+        ids = [ids] if isinstance(ids, (int, str)) else list(ids)
+        self._set_index(delete_passages(self.index, ids))
+        return self
+
+    def _set_index(self, index: TriGraphIndex) -> None:
+        index.retrieval_config = self.config
+        self.index = index
+        self._graph = None  # caches derived from the index
+        self._lexicon = None
 
     # ------------------------------------------------------------------ models
     @property
@@ -98,14 +128,21 @@ class LinearRAG:
         return self._graph
 
     # ------------------------------------------------------------------ querying
-    def encode_queries(self, questions: list[str]) -> EncodedQueries:
-        """Question NER (entities lower-cased) and encoding: the input of both backends."""
+    def encode_queries(self, questions: list[str], config: RetrievalConfig | None = None) -> EncodedQueries:
+        """Question entities (spaCy NER, plus lexicon matches when config.lexicon_seeds; lower-cased)
+        and encoding: the input of both backends."""
         from .nlp import question_entities
 
         for q in questions:
             check_question(q)
         cfg = self.index.index_config
         ents = question_entities(self.nlp, questions, cfg.dropped_labels)
+        if (config or self.config).lexicon_seeds:
+            if self._lexicon is None:
+                from .lexicon import EntityLexicon
+
+                self._lexicon = EntityLexicon(self.index.entities)
+            ents = [list(dict.fromkeys(es + self._lexicon.match(q))) for es, q in zip(ents, questions)]
         enc = self.encoder
         flat = [e for es in ents for e in es]
         owner = torch.tensor([i for i, es in enumerate(ents) for _ in es], dtype=torch.int64)
@@ -134,7 +171,7 @@ class LinearRAG:
         if not qs:
             return []
         cfg = self.config.replace(top_k=top_k, **overrides)
-        out = self.retrieve(self.encode_queries(qs), cfg, backend)
+        out = self.retrieve(self.encode_queries(qs, cfg), cfg, backend)
         hits = self.hits(out)
         return hits[0] if single else hits
 
@@ -149,8 +186,10 @@ class LinearRAG:
     def explain(self, questions: list[str], top_k: int | None = None, **overrides) -> list[dict]:
         """Hits plus how they were reached: question entities, seeds, and the activated entities
         (tier >= 2: reached by semantic bridging) found in each hit passage."""
+        if isinstance(questions, str):
+            questions = [questions]
         cfg = self.config.replace(top_k=top_k, **overrides)
-        enc = self.encode_queries(list(questions))
+        enc = self.encode_queries(list(questions), cfg)
         out, tr = engine.retrieve(self.graph, enc, cfg, trace=True)
         hits = self.hits(out)
         tier = tr.activation.tier.cpu()
@@ -174,6 +213,16 @@ class LinearRAG:
                 ],
             })
         return result
+
+
+def _is_path(corpus) -> bool:
+    return isinstance(corpus, (str, bytes)) or hasattr(corpus, "__fspath__")
+
+
+def _read_passages(corpus, first_id: int = 0) -> list[Passage]:
+    if _is_path(corpus):
+        return read_corpus(corpus, first_id=first_id)
+    return as_passages(corpus, first_id=first_id)
 
 
 def _load_nlp(cfg: IndexConfig):

@@ -3,20 +3,26 @@
 Stages: NER + sentence split (spaCy) -> node numbering -> M, PS, C, N -> embeddings.
 Like the reference code, a sentence becomes a node only if it mentions at least one entity
 (sentences without entities never take part in retrieval), and sentences are keyed by their text.
+
+A build is add_passages() to an empty index: the same code appends passages to an existing index
+(only the new passages are analysed and encoded), and delete_passages() renumbers the remaining
+passages from the stored NER record with the same numbering (_Numbering).
 """
 from __future__ import annotations
 
+import hashlib
 import time
-from typing import Optional, Sequence
+from array import array
+from typing import Iterable, Optional, Sequence
 
 import torch
 
 from .config import IndexConfig, RetrievalConfig
-from .corpus import Passage
+from .corpus import Passage, PassageId, check_new_ids
 from .counting import count_occurrences
 from .encoding import Encoder
-from .index import TriGraphIndex
-from .nlp import PassageAnalysis, analyse_passages, load_spacy
+from .index import NER_PARTS, NerRecord, TokenKeys, TriGraphIndex
+from .nlp import PassageAnalysis, analyse_passages, bind_title, load_spacy
 from .sparse import Csr
 
 
@@ -35,7 +41,7 @@ def build_index(
     encoder: Optional[Encoder] = None,
     timings: Optional[dict] = None,
 ) -> TriGraphIndex:
-    """Build the index of ``passages`` on ``device``.
+    """Build the index of ``passages`` on ``device``: add_passages() to an empty index.
 
     ``nlp`` / ``encoder``: already loaded models to reuse (else loaded from ``index_config``).
     ``timings``: if given, receives the seconds spent per stage.
@@ -44,86 +50,192 @@ def build_index(
     retrieval_config = retrieval_config or RetrievalConfig()
     if not passages:
         raise ValueError("cannot build an index of zero passages")
-    clock = _Clock(timings)
-    texts = [passage_text(p.title, p.text) for p in passages]
+    return add_passages(empty_index(index_config, retrieval_config), passages, device=device, progress=progress,
+                        nlp=nlp, encoder=encoder, timings=timings)
 
-    if nlp is None:
-        nlp = load_spacy(index_config.spacy_model)
-        clock.lap("load_spacy")
-    analyses = analyse_passages(
-        nlp, texts, index_config.dropped_labels, index_config.ner_batch_size, index_config.n_process, progress
+
+def empty_index(index_config: Optional[IndexConfig] = None, retrieval_config: Optional[RetrievalConfig] = None,
+                dim: int = 0) -> TriGraphIndex:
+    """An index of zero passages (the start of every build)."""
+    def none(rows, cols):
+        return Csr(torch.zeros(rows + 1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64),
+                   torch.zeros(0, dtype=torch.float32), (rows, cols))
+
+    emb = torch.zeros(0, dim, dtype=torch.float32)
+    return TriGraphIndex(
+        passage_ids=[], titles=[], texts=[], sentences=[], entities=[],
+        passage_emb=emb, sentence_emb=emb.clone(), entity_emb=emb.clone(),
+        M=none(0, 0), C=none(0, 0), N=none(0, 0), PS=none(0, 0),
+        index_config=index_config or IndexConfig(), retrieval_config=retrieval_config or RetrievalConfig(),
+        ner=NerRecord(none(0, 0), none(0, 0), none(0, 0)),
+        keys=TokenKeys(*(torch.zeros(0, dtype=torch.int64) for _ in range(3))),
     )
+
+
+def add_passages(
+    index: TriGraphIndex,
+    passages: Sequence[Passage],
+    device=None,
+    progress: bool = True,
+    nlp=None,
+    encoder: Optional[Encoder] = None,
+    timings: Optional[dict] = None,
+) -> TriGraphIndex:
+    """A new index: ``index`` with ``passages`` appended (``index`` itself is not changed).
+
+    Only the new passages are split, tagged and encoded. Their new entities and sentences are appended
+    in order of first occurrence and existing ones are reused by their string, so the result equals
+    the build of all passages at once (see docs/METHOD.md, "Updating an index"). N gains the counts of
+    every entity in the new passages and of the new entities in the old passages (one Aho-Corasick
+    pass over the old texts). Ids must be new (7 and "7" are the same id): ValueError otherwise.
+    ``device``: where the result goes (default: where ``index`` is).
+    """
+    if not passages:
+        raise ValueError("no passages to add")
+    check_new_ids(passages, index.passage_ids)
+    device = device if device is not None else index.passage_emb.device
+    clock = _Clock(timings)
+    base = index.to("cpu")
+    cfg = base.index_config
+    texts = [passage_text(p.title, p.text) for p in passages]
+    if nlp is None:
+        nlp = load_spacy(cfg.spacy_model)
+        clock.lap("load_spacy")
+    analyses = analyse_passages(nlp, texts, cfg.dropped_labels, cfg.ner_batch_size, cfg.n_process, progress)
+    if getattr(cfg, "title_entities", False):
+        analyses = [bind_title(a, p.title) for a, p in zip(analyses, passages)]
     clock.lap("ner")
 
-    graph = _number_nodes(analyses)
-    E, S = len(graph.entities), len(graph.sentences)
-    M = Csr.from_rows(graph.sentence_rows, E)
-    PS = Csr.from_rows(graph.passage_sentence_rows, S)
-    C = contain_weights(texts, graph.passage_entity_rows, graph.entities)
+    g = _Numbering(base.entities, base.sentences)
+    for a in analyses:
+        g.add(a.entities, [(s, ents) for s, ents in zip(a.sentences, a.sentence_entities) if ents])
+    M, PS, C, ner = _graph_matrices(base, g, texts)
     clock.lap("graph")
-    N = lower_counts(texts, graph.entities)
+    N = _grow_counts(base, texts, g.entities)
     clock.lap("counts")
 
     if encoder is None:
-        encoder = Encoder(index_config.encoder, device, index_config.max_length, index_config.batch_size)
+        encoder = Encoder(cfg.encoder, str(device), cfg.max_length, cfg.batch_size)
         clock.lap("load_encoder")
-    passage_emb = encoder.encode(texts, progress=progress, desc="embed passages")
+    old_keys = base.keys or TokenKeys(None, None, None)  # None: an index written without them
+    old_texts = [base.passage_text(i) for i in range(base.num_passages)]
+    passage_emb, passage_keys = _embed(encoder, texts, old_texts, base.passage_emb, old_keys.passages,
+                                       progress, "embed passages")
     clock.lap("embed_passages")
-    sentence_emb = encoder.encode(graph.sentences, progress=progress, desc="embed sentences")
+    sentence_emb, sentence_keys = _embed(encoder, g.sentences[base.num_sentences:], base.sentences,
+                                         base.sentence_emb, old_keys.sentences, progress, "embed sentences")
     clock.lap("embed_sentences")
-    entity_emb = encoder.encode(graph.entities, progress=progress, desc="embed entities")
+    entity_emb, entity_keys = _embed(encoder, g.entities[base.num_entities:], base.entities, base.entity_emb,
+                                     old_keys.entities, progress, "embed entities")
     clock.lap("embed_entities")
 
-    index = TriGraphIndex(
-        passage_ids=[p.id for p in passages],
-        titles=[p.title for p in passages],
-        texts=[p.text for p in passages],
-        sentences=graph.sentences,
-        entities=graph.entities,
-        passage_emb=passage_emb,
-        sentence_emb=sentence_emb,
-        entity_emb=entity_emb,
+    out = TriGraphIndex(
+        passage_ids=base.passage_ids + [p.id for p in passages],
+        titles=base.titles + [p.title for p in passages],
+        texts=base.texts + [p.text for p in passages],
+        sentences=g.sentences,
+        entities=g.entities,
+        passage_emb=_cat(base.passage_emb, passage_emb),
+        sentence_emb=_cat(base.sentence_emb, sentence_emb),
+        entity_emb=_cat(base.entity_emb, entity_emb),
         M=M,
         C=C,
         N=N,
         PS=PS,
-        index_config=index_config,
-        retrieval_config=retrieval_config,
+        index_config=base.index_config,
+        retrieval_config=base.retrieval_config,
+        ner=ner,
+        keys=TokenKeys(passage_keys, sentence_keys, entity_keys),
     )
-    return index.to(device)
+    return out.to(device)
 
 
-class _Graph:
-    """Node strings (first-occurrence order) and the row lists of M, PS and C."""
+def delete_passages(index: TriGraphIndex, ids: Iterable[PassageId]) -> TriGraphIndex:
+    """A new index without the passages of ``ids`` (7 and "7" are the same id), and without the
+    sentences and entities no remaining passage has; ``index`` itself is not changed.
 
-    def __init__(self):
-        self.entities: list[str] = []
-        self.sentences: list[str] = []
-        self.sentence_rows: list[list[int]] = []  # M: entity columns of each sentence
-        self.passage_sentence_rows: list[list[int]] = []  # PS
-        self.passage_entity_rows: list[list[int]] = []  # structure of C
+    The remaining passages are renumbered from the stored NER record by the same numbering as a build,
+    so the result equals the build of the remaining passages, up to the embeddings (kept, not
+    recomputed: a fresh build would batch them differently, ~1e-7). An index without a NER record
+    (written before it existed) is renumbered from M, C and PS instead, which can differ from a fresh
+    build in node order and in M rows (docs/METHOD.md, "Updating an index").
+    ValueError for an unknown id or when no passage would remain.
+    """
+    position = {str(pid): p for p, pid in enumerate(index.passage_ids)}
+    drop: set = set()
+    unknown = []
+    for pid in ids:
+        p = position.get(str(pid))
+        if p is None:
+            unknown.append(pid)
+        else:
+            drop.add(p)
+    if unknown:
+        shown = ", ".join(repr(x) for x in unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
+        raise ValueError(f"no passage with id {shown} in the index")
+    keep = [p for p in range(index.num_passages) if p not in drop]
+    if not keep:
+        raise ValueError("deleting these passages would leave the index empty")
+    device = index.passage_emb.device
+    base = index.to("cpu")
+    record = base.ner if base.ner is not None else _record_from_matrices(base)
+    ents, sents, ments = (_rows(getattr(record, part)) for part in NER_PARTS)
+    g = _Numbering()
+    for p in keep:
+        start = int(record.sentences.crow[p])
+        g.add([base.entities[e] for e in ents[p]],
+              [(base.sentences[s], [base.entities[e] for e in ments[start + k]]) for k, s in enumerate(sents[p])])
+    texts = [base.passage_text(p) for p in keep]
+    M, PS, C, ner = _graph_matrices(None, g, texts)
+    old_entity = {e: i for i, e in enumerate(base.entities)}
+    old_sentence = {s: i for i, s in enumerate(base.sentences)}
+    entity_rows = torch.tensor([old_entity[e] for e in g.entities], dtype=torch.int64)
+    sentence_rows = torch.tensor([old_sentence[s] for s in g.sentences], dtype=torch.int64)
+    passage_rows = torch.tensor(keep, dtype=torch.int64)
+    out = TriGraphIndex(
+        passage_ids=[base.passage_ids[p] for p in keep],
+        titles=[base.titles[p] for p in keep],
+        texts=[base.texts[p] for p in keep],
+        sentences=g.sentences,
+        entities=g.entities,
+        passage_emb=base.passage_emb.index_select(0, passage_rows),
+        sentence_emb=base.sentence_emb.index_select(0, sentence_rows),
+        entity_emb=base.entity_emb.index_select(0, entity_rows),
+        M=M,
+        C=C,
+        N=_submatrix(base.N, passage_rows, entity_rows),
+        PS=PS,
+        index_config=base.index_config,
+        retrieval_config=base.retrieval_config,
+        ner=ner if base.ner is not None else None,
+        keys=None if base.keys is None else TokenKeys(base.keys.passages[passage_rows], base.keys.sentences[sentence_rows],
+                                                      base.keys.entities[entity_rows]),
+    )
+    return out.to(device)
 
 
-def _number_nodes(analyses: Sequence[PassageAnalysis]) -> _Graph:
-    g = _Graph()
-    entity_id: dict[str, int] = {}
-    sentence_id: dict[str, int] = {}
-    sentence_ents: list[dict[int, None]] = []  # ordered sets: M row = union over the sentence's occurrences
-    for a in analyses:
-        g.passage_entity_rows.append([_intern(e, entity_id, g.entities) for e in a.entities])
-        row: dict[int, None] = {}
-        for sent, ents in zip(a.sentences, a.sentence_entities):
-            if not ents:
-                continue
-            s = _intern(sent, sentence_id, g.sentences)
-            if s == len(sentence_ents):
-                sentence_ents.append({})
-            for e in ents:
-                sentence_ents[s].setdefault(entity_id[e])
-            row.setdefault(s)
-        g.passage_sentence_rows.append(list(row))
-    g.sentence_rows = [list(r) for r in sentence_ents]
-    return g
+class _Numbering:
+    """Node numbering, the one code path of build, add and delete: passages are fed in order, each as
+    its NER output (distinct entities in order of first mention; the sentences that mention an entity,
+    in text order, each with its entities). Entities and sentences (keyed by their text) get the next
+    free number at their first occurrence, continuing the numbering of the nodes given at the start."""
+
+    def __init__(self, entities: Sequence[str] = (), sentences: Sequence[str] = ()):
+        self.entities = list(entities)
+        self.sentences = list(sentences)
+        self.entity_id = {e: i for i, e in enumerate(self.entities)}
+        self.sentence_id = {s: i for i, s in enumerate(self.sentences)}
+        self.entity_rows: list[list[int]] = []  # per passage: its entities in order of first mention
+        self.sentence_rows: list[list[int]] = []  # per passage: the sentence of each occurrence, in text order
+        self.mention_rows: list[list[int]] = []  # per occurrence: its entities in order of first mention
+
+    def add(self, entities: Sequence[str], occurrences: Sequence[tuple]) -> None:
+        self.entity_rows.append([_intern(e, self.entity_id, self.entities) for e in entities])
+        row = []
+        for sentence, ents in occurrences:
+            row.append(_intern(sentence, self.sentence_id, self.sentences))
+            self.mention_rows.append([self.entity_id[e] for e in ents])
+        self.sentence_rows.append(row)
 
 
 def _intern(key: str, ids: dict, names: list) -> int:
@@ -132,6 +244,160 @@ def _intern(key: str, ids: dict, names: list) -> int:
         i = ids[key] = len(names)
         names.append(key)
     return i
+
+
+def _graph_matrices(base: Optional[TriGraphIndex], g: _Numbering, texts: Sequence[str]):
+    """M, PS, C and the NER record of ``base``'s passages (None: no passages) followed by ``g``'s.
+
+    M[s, e] = 1 when some occurrence of sentence s has entity e (an existing sentence's row can grow);
+    PS[p, s] = 1 when p has an occurrence of s; C rows of the new passages from contain_weights().
+    The record is None when ``base`` has passages but no record.
+    """
+    P0 = base.num_passages if base is not None else 0
+    S, E = len(g.sentences), len(g.entities)
+    occ_sentence = [s for row in g.sentence_rows for s in row]
+    m_rows = [s for s, ents in zip(occ_sentence, g.mention_rows) for _ in ents]
+    m_cols = [e for ents in g.mention_rows for e in ents]
+    ps_rows = [P0 + p for p, row in enumerate(g.sentence_rows) for _ in row]
+    ps_cols = occ_sentence
+    M = _ones(_coo(base.M if base is not None else None, m_rows, m_cols), (S, E))
+    PS = _ones(_coo(base.PS if base is not None else None, ps_rows, ps_cols), (P0 + len(texts), S))
+    C = contain_weights(texts, g.entity_rows, g.entities)
+    ner = NerRecord(_ragged(g.entity_rows, E), _ragged(g.sentence_rows, S), _ragged(g.mention_rows, E))
+    if base is not None:
+        C = _vstack(base.C, C)
+        ner = None if base.ner is None else NerRecord(*(
+            _vstack(getattr(base.ner, part), getattr(ner, part)) for part in NER_PARTS
+        ))
+    return M, PS, C, ner
+
+
+def _grow_counts(base: TriGraphIndex, new_texts: Sequence[str], entities: Sequence[str]) -> Csr:
+    """N of base's passages + the new ones over ``entities`` (base's, then the new ones)."""
+    P0, E0 = base.num_passages, base.num_entities
+    lowered = [e.lower() for e in entities]
+    r, c, v = [base.N.row_index()], [base.N.col], [base.N.val]
+    if P0 and len(entities) > E0:  # the new entities in the old passages
+        rows, cols, counts = count_occurrences(lowered[E0:], [base.passage_text(i).lower() for i in range(P0)])
+        r.append(rows), c.append(cols + E0), v.append(counts.to(torch.float32))
+    rows, cols, counts = count_occurrences(lowered, [t.lower() for t in new_texts])  # every entity in the new passages
+    r.append(rows + P0), c.append(cols), v.append(counts.to(torch.float32))
+    return Csr.from_coo(torch.cat(r), torch.cat(c), torch.cat(v), (P0 + len(new_texts), len(entities)))
+
+
+def token_hash(key) -> int:
+    """A stable signed 64-bit hash of a token id sequence (TokenKeys), or of a text for an encoder
+    without token_keys() (stand-ins in tests and benchmarks)."""
+    data = key.encode("utf-8", "surrogatepass") if isinstance(key, str) else array("i", key).tobytes()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
+
+
+def _token_keys(encoder, texts: Sequence[str]) -> list:
+    fn = getattr(encoder, "token_keys", None)
+    return fn(list(texts)) if fn is not None else list(texts)
+
+
+def _embed(encoder: Encoder, texts: Sequence[str], old_texts: Sequence[str], old_emb: torch.Tensor,
+           old_hashes: Optional[torch.Tensor], progress: bool, desc: str):
+    """(vectors of the new ``texts`` on the CPU, the token hashes of old + new texts).
+
+    A new text whose token ids equal an old text's reuses its vector, as the two would share one in a
+    single build (Encoder.encode gives equal token ids one vector). Old texts are found by their stored
+    token hashes (``old_hashes``; None: tokenize the old texts once) and checked token by token.
+    """
+    texts = list(texts)
+    keys = _token_keys(encoder, texts)
+    hashes = torch.tensor([token_hash(k) for k in keys], dtype=torch.int64)
+    if old_hashes is None:
+        old_hashes = torch.tensor([token_hash(k) for k in _token_keys(encoder, old_texts)], dtype=torch.int64)
+    all_hashes = torch.cat([old_hashes.to(torch.int64).cpu(), hashes])
+    if not texts:
+        return torch.zeros(0, encoder.dim, dtype=torch.float32), all_hashes
+    known: dict = {}
+    for i, h in enumerate(old_hashes.tolist()):
+        known.setdefault(h, i)
+    found = [known.get(h) for h in hashes.tolist()]
+    matched = [j for j, i in enumerate(found) if i is not None]
+    if matched:  # a hash is no proof: compare the tokens
+        for j, old_key in zip(matched, _token_keys(encoder, [old_texts[found[j]] for j in matched])):
+            if old_key != keys[j]:
+                found[j] = None
+    out = torch.empty(len(texts), encoder.dim, dtype=torch.float32)
+    todo = [j for j, i in enumerate(found) if i is None]
+    if todo:
+        extra = {"keys": [keys[j] for j in todo]} if hasattr(encoder, "token_keys") else {}
+        out[torch.tensor(todo)] = encoder.encode([texts[j] for j in todo], progress=progress, desc=desc,
+                                                 **extra).float().cpu()
+    reused = [(j, i) for j, i in enumerate(found) if i is not None]
+    if reused:
+        out[torch.tensor([j for j, _ in reused])] = old_emb[torch.tensor([i for _, i in reused])].float().cpu()
+    return out, all_hashes
+
+
+def _cat(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    if old.shape[0] == 0:
+        return new.contiguous()
+    if old.shape[1] != new.shape[1]:
+        raise ValueError(f"the encoder gives {new.shape[1]}-d vectors, the index holds {old.shape[1]}-d")
+    return torch.cat([old, new])
+
+
+def _coo(base: Optional[Csr], rows: list, cols: list):
+    r = torch.tensor(rows, dtype=torch.int64)
+    c = torch.tensor(cols, dtype=torch.int64)
+    if base is not None:
+        r, c = torch.cat([base.row_index(), r]), torch.cat([base.col, c])
+    return r, c
+
+
+def _ones(coo, shape) -> Csr:
+    """The 0/1 matrix with ones at the given coordinates (repeats count once)."""
+    r, c = coo
+    m = Csr.from_coo(r, c, torch.ones(r.numel(), dtype=torch.float32), shape)
+    return m.with_values(torch.ones(m.nnz, dtype=torch.float32))
+
+
+def _ragged(rows: Sequence[list], ncols: int) -> Csr:
+    """Rows kept in the given order (not sorted, repeats kept): the NER record's layout."""
+    crow = torch.zeros(len(rows) + 1, dtype=torch.int64)
+    torch.cumsum(torch.tensor([len(r) for r in rows], dtype=torch.int64), 0, out=crow[1:])
+    col = torch.tensor([c for r in rows for c in r], dtype=torch.int64)
+    return Csr(crow, col, torch.ones(col.numel(), dtype=torch.float32), (len(rows), ncols))
+
+
+def _vstack(top: Csr, bottom: Csr) -> Csr:
+    """Rows of ``top`` then rows of ``bottom``, with bottom's column count (top's columns come first)."""
+    crow = torch.cat([top.crow, top.crow[-1] + bottom.crow[1:]])
+    return Csr(crow, torch.cat([top.col, bottom.col]), torch.cat([top.val, bottom.val]),
+               (top.shape[0] + bottom.shape[0], bottom.shape[1]))
+
+
+def _rows(m: Csr) -> list:
+    crow, col = m.crow.tolist(), m.col.tolist()
+    return [col[crow[r]:crow[r + 1]] for r in range(m.shape[0])]
+
+
+def _submatrix(m: Csr, rows: torch.Tensor, cols: torch.Tensor) -> Csr:
+    """m[rows][:, cols] (both index lists in increasing order of the new numbering)."""
+    row_map = torch.full((m.shape[0],), -1, dtype=torch.int64)
+    row_map[rows] = torch.arange(rows.numel())
+    col_map = torch.full((m.shape[1],), -1, dtype=torch.int64)
+    col_map[cols] = torch.arange(cols.numel())
+    r, c = row_map[m.row_index()], col_map[m.col]
+    keep = (r >= 0) & (c >= 0)
+    return Csr.from_coo(r[keep], c[keep], m.val[keep], (rows.numel(), cols.numel()))
+
+
+def _record_from_matrices(ix: TriGraphIndex) -> NerRecord:
+    """A stand-in NER record for an index written without one: node order in place of mention order,
+    one occurrence per PS entry, and as its entities the sentence's M row restricted to the passage's C row."""
+    c_rows, m_rows, ps_rows = _rows(ix.C), _rows(ix.M), _rows(ix.PS)
+    mentions = []
+    for p, row in enumerate(ps_rows):
+        have = set(c_rows[p])
+        mentions += [[e for e in m_rows[s] if e in have] for s in row]
+    return NerRecord(_ragged(c_rows, ix.num_entities), _ragged(ps_rows, ix.num_sentences),
+                     _ragged(mentions, ix.num_entities))
 
 
 def contain_weights(texts: Sequence[str], passage_entity_rows: Sequence[list], entities: Sequence[str]) -> Csr:

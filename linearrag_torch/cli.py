@@ -1,4 +1,4 @@
-"""Command line: `linearrag index | query | demo` (run `linearrag COMMAND --help`)."""
+"""Command line: `linearrag index | add | delete | query | demo` (run `linearrag COMMAND --help`)."""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from .config import IndexConfig, RetrievalConfig
 
@@ -24,17 +25,37 @@ SETTINGS = (  # flag, RetrievalConfig field, type, help
 
 def _add_settings(p: argparse.ArgumentParser, stored: bool) -> None:
     g = p.add_argument_group(
-        "retrieval settings", "default: " + ("the values stored with the index" if stored else "the reference code's values")
+        "retrieval settings",
+        "default: " + ("the values stored with the index" if stored else "the library's (docs/QUALITY.md; see --reference-code)"),
     )
     for flag, field, typ, text in SETTINGS:
         kw = {"choices": ("paper", "reference")} if field == "mode" else {}
         g.add_argument(flag, dest=field, type=typ, default=None, help=f"{text} (default {getattr(RetrievalConfig(), field)})" if not stored else text, **kw)
     g.add_argument("--adjacent-passages", dest="adjacent_passages", action="store_true", default=None,
                    help="link passage i to i+1 (only for consecutive chunks of one document)")
+    g.add_argument("--lexicon-seeds", dest="lexicon_seeds", action=argparse.BooleanOptionalAction, default=None,
+                   help="also find question entities by matching the index's entity strings")
+    g.add_argument("--reference-code", action="store_true",
+                   help="start from the reference code's settings (lam 0.05, damping 0.5, no lexicon seeds)")
 
 
 def _settings(args) -> dict:
-    return {field: getattr(args, field) for _, field, _, _ in SETTINGS + (("", "adjacent_passages", None, ""),)}
+    fields = [f for _, f, _, _ in SETTINGS] + ["adjacent_passages", "lexicon_seeds"]
+    return {f: getattr(args, f) for f in fields}
+
+
+def _retrieval_config(args, base: RetrievalConfig) -> RetrievalConfig:
+    """``base`` (or the reference code's settings with --reference-code) changed by the flags given."""
+    if args.reference_code:
+        base = RetrievalConfig.reference_code(top_k=base.top_k)
+    return base.replace(**_settings(args))
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _device_arg(p):
@@ -52,6 +73,8 @@ def parser() -> argparse.ArgumentParser:
                        description="Sentence split, NER and encode every passage; write the Tri-Graph index to INDEX_DIR.")
     p.add_argument("corpus", metavar="CORPUS.jsonl", help='one JSON object per line: "text", optional "id" and "title"')
     p.add_argument("index_dir", metavar="INDEX_DIR")
+    p.add_argument("--no-title-entities", dest="title_entities", action="store_false",
+                   help="do not make each passage title an entity of its passage (the reference code has none)")
     p.add_argument("--spacy-model", default=IndexConfig.spacy_model, help="spaCy package name or folder (default %(default)s)")
     p.add_argument("--encoder", default=IndexConfig.encoder, help="packaged all-MiniLM-L6-v2 or a local sentence-transformers folder (default %(default)s)")
     p.add_argument("--batch-size", type=int, default=IndexConfig.batch_size, help="encoder batch (default %(default)s)")
@@ -60,15 +83,34 @@ def parser() -> argparse.ArgumentParser:
     _device_arg(p)
     _add_settings(p, stored=False)
 
+    a = sub.add_parser("add", help="add the passages of a JSONL file to an index",
+                       description="Sentence split, NER and encode only the new passages and append them to the index in "
+                                   "INDEX_DIR (new sentences and entities are appended, existing ones reused by their text); "
+                                   "the result answers like an index built from all passages at once. Ids must be new. "
+                                   "The folder is locked while it is updated and replaced atomically.")
+    a.add_argument("index_dir", metavar="INDEX_DIR")
+    a.add_argument("corpus", metavar="MORE.jsonl", help='one JSON object per line: "text", optional "id" and "title" '
+                                                          "(a missing id continues the index's numbering)")
+    a.add_argument("--quiet", action="store_true", help="no progress bars")
+    _device_arg(a)
+
+    r = sub.add_parser("delete", help="remove passages from an index",
+                       description="Remove passages by id, with the sentences and entities no remaining passage has; "
+                                   "the result answers like an index built without them. The folder is locked while "
+                                   "it is updated and replaced atomically.")
+    r.add_argument("index_dir", metavar="INDEX_DIR")
+    r.add_argument("--ids", metavar="ID,...", help="comma-separated passage ids")
+    r.add_argument("--ids-file", metavar="FILE", help='one id per line, or JSON lines with an "id" field (a corpus file)')
+
     q = sub.add_parser("query", help="answer questions from an index",
                        description="Rank passages for each question (arguments, or --questions FILE.jsonl).")
     q.add_argument("index_dir", metavar="INDEX_DIR")
     q.add_argument("question", nargs="*", help="question text(s)")
     q.add_argument("--questions", metavar="FILE.jsonl", help='JSON lines with "question" and optional "id"')
-    q.add_argument("--top-k", type=int, default=None, help="passages per question (default: the index's, 5)")
+    q.add_argument("--top-k", type=_positive_int, default=None, help="passages per question (default: the index's, 5)")
     q.add_argument("--json", action="store_true", help="one JSON object per question per line")
     q.add_argument("--backend", choices=("torch", "scipy"), default="torch", help="torch engine or the scipy reference")
-    q.add_argument("--batch-size", type=int, default=256, help="questions per batched call (default %(default)s)")
+    q.add_argument("--batch-size", type=_positive_int, default=256, help="questions per batched call (default %(default)s)")
     _device_arg(q)
     _add_settings(q, stored=True)
 
@@ -86,15 +128,112 @@ def cmd_index(args) -> int:
     from .api import LinearRAG
 
     t0 = time.perf_counter()
-    cfg = RetrievalConfig().replace(**_settings(args))
-    icfg = IndexConfig(spacy_model=args.spacy_model, encoder=args.encoder, batch_size=args.batch_size, n_process=args.processes)
-    rag = LinearRAG.build(args.corpus, index_config=icfg, config=cfg, device=args.device, progress=not args.quiet)
-    rag.save(args.index_dir)
+    cfg = _retrieval_config(args, RetrievalConfig())
+    icfg = IndexConfig(spacy_model=args.spacy_model, encoder=args.encoder, batch_size=args.batch_size,
+                       n_process=args.processes, title_entities=args.title_entities)
+    from contextlib import nullcontext
+
+    from .index import index_lock
+
+    existing = Path(args.index_dir).is_dir()  # replacing an index: lock before the work, not only to write
+    with index_lock(args.index_dir) if existing else nullcontext():
+        rag = LinearRAG.build(args.corpus, index_config=icfg, config=cfg, device=args.device, progress=not args.quiet)
+        rag.save(args.index_dir)
     s = rag.index.summary()
     print(f"indexed {s['passages']} passages, {s['sentences']} sentences, {s['entities']} entities "
           f"(nnz M {s['nnz_M']}, C {s['nnz_C']}, N {s['nnz_N']}) into {args.index_dir} "
           f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0
+
+
+def _open_for_update(index_dir: str):
+    """The index folder as a Path, after checking that it holds an index (a clear error otherwise)."""
+    from .index import TriGraphIndex
+
+    path = Path(index_dir)
+    if not (path / "index.json").is_file():
+        TriGraphIndex.load(path)  # raises IndexFormatError naming the problem
+    return path
+
+
+def _growth(before: dict, after: dict) -> str:
+    return ", ".join(f"{after[k] - before[k]:+d} {k}" for k in ("sentences", "entities"))
+
+
+def cmd_add(args) -> int:
+    from .api import LinearRAG
+    from .index import index_lock
+
+    t0 = time.perf_counter()
+    path = _open_for_update(args.index_dir)
+    with index_lock(path):  # held for the whole read-modify-write
+        rag = LinearRAG.load(path, device=args.device)
+        before = rag.index.summary()
+        rag.add(args.corpus, progress=not args.quiet)
+        rag.save(path)
+    after = rag.index.summary()
+    print(f"added {after['passages'] - before['passages']} passages ({_growth(before, after)}) to {args.index_dir}: "
+          f"now {after['passages']} passages, {after['sentences']} sentences, {after['entities']} entities "
+          f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return 0
+
+
+def cmd_delete(args) -> int:
+    from .api import LinearRAG
+    from .index import index_lock
+
+    t0 = time.perf_counter()
+    ids = []
+    if args.ids is not None:
+        ids += [x.strip() for x in args.ids.split(",")]
+        if any(not x for x in ids):
+            raise ValueError(f"--ids {args.ids!r} holds an empty id")
+    if args.ids_file:
+        ids += _read_ids(Path(args.ids_file))
+    if not ids:
+        raise ValueError("no id given (--ids ID,... or --ids-file FILE)")
+    path = _open_for_update(args.index_dir)
+    with index_lock(path):
+        rag = LinearRAG.load(path, device="cpu")
+        before = rag.index.summary()
+        rag.delete(ids)
+        rag.save(path)
+    after = rag.index.summary()
+    print(f"deleted {before['passages'] - after['passages']} passages ({_growth(before, after)}) from {args.index_dir}: "
+          f"now {after['passages']} passages, {after['sentences']} sentences, {after['entities']} entities "
+          f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return 0
+
+
+def _read_ids(path: Path) -> list:
+    """Ids of an --ids-file: one per line (blank lines skipped), or JSON objects with an "id"."""
+    from .corpus import InputError
+
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a folder, expected a file of ids") from None
+    ids = []
+    for lineno, line in enumerate(raw.split(b"\n"), 1):
+        where = f"{path}, line {lineno}"
+        try:
+            text = line.decode("utf-8-sig" if lineno == 1 else "utf-8").strip()
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{where}: not valid UTF-8 (byte {exc.start + 1} of the line)") from None
+        if not text:
+            continue
+        if text.startswith("{"):
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(obj, dict) or isinstance(obj.get("id"), bool) or not isinstance(obj.get("id"), (int, str)):
+                raise InputError(f'{where}: expected an id, or a JSON object with an integer or string "id"')
+            text = obj["id"]
+        ids.append(text)
+    return ids
 
 
 def cmd_query(args) -> int:
@@ -107,9 +246,9 @@ def cmd_query(args) -> int:
     if not items:
         raise ValueError("no question given (pass QUESTION arguments or --questions FILE.jsonl)")
     rag = LinearRAG.load(args.index_dir, device=args.device)
-    rag.config = rag.config.replace(**_settings(args))
+    rag.config = _retrieval_config(args, rag.config)
     results = []
-    for start in range(0, len(items), max(1, args.batch_size)):
+    for start in range(0, len(items), args.batch_size):
         chunk = items[start:start + args.batch_size]
         results += rag.search([it["question"] for it in chunk], top_k=args.top_k, backend=args.backend)
     for it, hits in zip(items, results):
@@ -142,7 +281,8 @@ def main(argv=None) -> int:
     from .index import IndexFormatError
 
     try:
-        return {"index": cmd_index, "query": cmd_query, "demo": cmd_demo}[args.command](args)
+        commands = {"index": cmd_index, "add": cmd_add, "delete": cmd_delete, "query": cmd_query, "demo": cmd_demo}
+        return commands[args.command](args)
     except (InputError, IndexFormatError, ValueError, FileNotFoundError, OSError) as exc:
         print(f"linearrag {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -13,13 +13,19 @@ MODES = ("paper", "reference")
 
 @dataclass
 class RetrievalConfig:
-    """Everything a query needs besides the index. Stored with the index; overridable per call."""
+    """Everything a query needs besides the index. Stored with the index; overridable per call.
+
+    Defaults: the reference code's 2WikiMultiHopQA values, except three settings chosen on the
+    2wiki and hotpotqa_train100 dev questions (docs/QUALITY.md): ``lam`` 1.0 (reference 0.05),
+    ``damping`` 0.7 (0.5) and ``lexicon_seeds`` on. ``RetrievalConfig.reference_code()`` gives the
+    reference code's settings exactly (pair it with an index built with title_entities=False).
+    """
 
     mode: str = "reference"  # "paper" (eq. 5 as written) or "reference" (the reference code's BFS)
     max_iterations: int = 3  # the loop runs while t < max_iterations: 3 -> 2 propagation steps
     delta: float = 0.4  # activation threshold (dynamic pruning)
-    lam: float = 0.05  # lambda of eq. 7: weight of the dense similarity in the passage reset
-    damping: float = 0.5  # PPR damping d: probability of following an edge
+    lam: float = 1.0  # lambda of eq. 7: weight of the dense similarity in the passage reset
+    damping: float = 0.7  # PPR damping d: probability of following an edge
     top_k_sentence: int = 1  # reference mode: unused sentences an active entity expands per step
     passage_node_weight: float = 0.05  # W_p of eq. 7
     top_k: int = 5  # passages returned per question
@@ -27,8 +33,14 @@ class RetrievalConfig:
                            # (float32 rounding puts the floor near 1e-7)
     ppr_max_iter: int = 200
     adjacent_passages: bool = False  # link passage i to i+1 (only for consecutive chunks of one text)
+    lexicon_seeds: bool = True  # also take question entities by matching the index's entity strings
     use_activation: bool = True  # ablation switch: False keeps the seeds only (no propagation)
     use_ppr: bool = True  # ablation switch: False ranks passages by their eq. 7 reset weight
+
+    @classmethod
+    def reference_code(cls, **changes) -> "RetrievalConfig":
+        """The reference code's settings for 2WikiMultiHopQA / HotpotQA (ALGORITHM.md section 5)."""
+        return cls(lam=0.05, damping=0.5, lexicon_seeds=False).replace(**changes)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -79,6 +91,7 @@ class IndexConfig:
     batch_size: int = 64  # encoder batch
     ner_batch_size: int = 64
     n_process: int = 0  # spaCy processes; 0 = choose from the cores
+    title_entities: bool = True  # a passage's title is an entity mentioned by each of its sentences
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -89,6 +102,7 @@ class IndexConfig:
     def from_dict(cls, d: dict) -> "IndexConfig":
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in known}
+        kw.setdefault("title_entities", False)  # indexes written before the setting existed had none
         if "dropped_labels" in kw:
             kw["dropped_labels"] = tuple(kw["dropped_labels"])
         return cls(**kw)

@@ -2,7 +2,9 @@
 
 corpus.jsonl     one passage per line: {"text": str, "id": int | str (optional), "title": str (optional)}
 questions.jsonl  one question per line: {"question": str, "id": int | str (optional), ...other fields kept}
-A missing "id" defaults to the 0-based position of the line. Blank lines are allowed only at the end.
+A missing "id" defaults to the 0-based position of the line (for a file added to an index: the index's
+passage count + that position). Blank lines are allowed only at the end. Two passages may have the
+same text (they stay two passages), never the same id.
 """
 from __future__ import annotations
 
@@ -25,8 +27,12 @@ class Passage:
     text: str
 
 
-def read_corpus(path) -> list[Passage]:
-    """The passages of a JSON-lines corpus, in file order (see the module docstring for the format)."""
+def read_corpus(path, first_id: int = 0) -> list[Passage]:
+    """The passages of a JSON-lines corpus, in file order (see the module docstring for the format).
+
+    ``first_id``: the default id of the first line (an index's passage count when adding to it, so
+    that a file without ids continues the numbering of a corpus without ids).
+    """
     path = Path(path)
     passages: list[Passage] = []
     seen: dict[str, int] = {}
@@ -40,12 +46,57 @@ def read_corpus(path) -> list[Passage]:
         title = obj.get("title", "")
         if not isinstance(title, str):
             raise InputError(f'{where}: "title" must be a string, got {_json_type(title)}')
-        pid = _get_id(obj, position, where)
+        pid = _get_id(obj, first_id + position, where)
+        for name, value in (("text", text), ("title", title), ("id", pid)):
+            _check_encodable(value, name, where)
         _check_unique(pid, lineno, seen, path)
         passages.append(Passage(pid, title, text))
     if not passages:
         raise InputError(f"{path}: the corpus holds no passages")
     return passages
+
+
+def as_passages(items, first_id: int = 0) -> list[Passage]:
+    """Passage objects, or dicts with "text" and optional "id" (default: ``first_id`` + position) and
+    "title", checked like the lines of a corpus file (errors name the 0-based position)."""
+    out: list[Passage] = []
+    for i, item in enumerate(items):
+        where = f"passage {i}"
+        if isinstance(item, Passage):
+            pid, title, text = item.id, item.title, item.text
+        elif isinstance(item, dict):
+            if "text" not in item:
+                raise InputError(f'{where}: missing field "text"')
+            pid, title, text = item.get("id", first_id + i), item.get("title") or "", item["text"]
+        else:
+            raise InputError(f"{where}: expected a Passage or a dict, got {type(item).__name__}")
+        if not isinstance(text, str):
+            raise InputError(f'{where}: "text" must be a string, got {_json_type(text)}')
+        if not isinstance(title, str):
+            raise InputError(f'{where}: "title" must be a string, got {_json_type(title)}')
+        if isinstance(pid, bool) or not isinstance(pid, (int, str)):
+            raise InputError(f'{where}: "id" must be an integer or a string, got {_json_type(pid)}')
+        for name, value in (("text", text), ("title", title), ("id", pid)):
+            _check_encodable(value, name, where)
+        out.append(Passage(pid, title, text))
+    return out
+
+
+def check_new_ids(passages, existing_ids=(), source=None) -> None:
+    """Raise InputError unless every passage id is new: not repeated among ``passages`` and not in
+    ``existing_ids`` (an index's). 7 and "7" are the same id. The message names the id and, for a
+    file ``source``, its line (passage i is on line i + 1: blank lines are only allowed at the end)."""
+    existing = {str(x) for x in existing_ids}
+    seen: dict[str, int] = {}
+    for i, p in enumerate(passages):
+        where = f"{source}, line {i + 1}" if source is not None else f"passage {i}"
+        key = str(p.id)
+        if key in existing:
+            raise InputError(f"{where}: duplicate id {p.id!r} (already in the index)")
+        if key in seen:
+            first = f"line {seen[key] + 1}" if source is not None else f"passage {seen[key]}"
+            raise InputError(f"{where}: duplicate id {p.id!r} (first used at {first})")
+        seen[key] = i
 
 
 def read_questions(path) -> list[dict]:
@@ -121,6 +172,17 @@ def _get_id(obj: dict, position: int, where: str) -> PassageId:
     if isinstance(pid, bool) or not isinstance(pid, (int, str)):
         raise InputError(f'{where}: "id" must be an integer or a string, got {_json_type(pid)}')
     return pid
+
+
+def _check_encodable(value, name: str, where: str) -> None:
+    """Strings must be valid Unicode: JSON escapes can make lone surrogates (\\ud800) no file can hold."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InputError(
+                f'{where}: "{name}" is not valid Unicode (lone surrogate {value[exc.start]!r} at character {exc.start + 1})'
+            ) from None
 
 
 def _check_unique(pid: PassageId, lineno: int, seen: dict, path: Path) -> None:

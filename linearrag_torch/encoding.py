@@ -99,17 +99,39 @@ class Encoder:
     def dim(self) -> int:
         return int(self.model.config.hidden_size)
 
-    def encode(self, texts: Sequence[str], progress: bool = False, desc: str = "") -> torch.Tensor:
-        """[len(texts), dim] float32 on the encoder's device: mean pooling over the attention mask, L2 norm."""
+    def token_keys(self, texts: Sequence[str]) -> list:
+        """What the model sees of each text: its token ids after truncation, as a tuple."""
+        texts = list(texts)
+        if not texts:
+            return []
+        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
+        return [tuple(x) for x in ids]
+
+    def encode(self, texts: Sequence[str], progress: bool = False, desc: str = "", keys=None) -> torch.Tensor:
+        """[len(texts), dim] float32 on the encoder's device: mean pooling over the attention mask, L2 norm.
+
+        Texts with equal token ids (for an uncased model: texts that differ only in case or accents)
+        are encoded once and get one and the same vector, so that equal inputs tie exactly. Other
+        texts' vectors depend on which texts share their batch (padding) in the last bits (~1e-7).
+        ``keys``: token_keys(texts) when the caller has them already.
+        """
         texts = list(texts)
         out = torch.empty(len(texts), self.dim, dtype=torch.float32, device=self.device)
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # longest first, as sentence-transformers
+        if not texts:
+            return out
+        first: dict = {}
+        source = [first.setdefault(k, i) for i, k in enumerate(keys if keys is not None else self.token_keys(texts))]
+        unique = list(first.values())
+        order = sorted(unique, key=lambda i: -len(texts[i]))  # longest first, as sentence-transformers
         bar = tqdm(total=len(texts), desc=desc or "encode", unit="text", disable=not progress or not texts)
         with torch.inference_mode(), bar:
-            for start in range(0, len(texts), self.batch_size):
+            for start in range(0, len(order), self.batch_size):
                 idx = order[start : start + self.batch_size]
                 out[torch.tensor(idx, device=self.device)] = self._encode_batch([texts[i] for i in idx])
                 bar.update(len(idx))
+            if len(unique) < len(texts):
+                out = out[torch.tensor(source, device=self.device)]
+            bar.update(len(texts) - len(unique))
         return out
 
     def _encode_batch(self, batch: list) -> torch.Tensor:

@@ -3,19 +3,53 @@
     seeds (eq. 3) -> sigma (eq. 4) -> activation (eq. 5, paper or reference mode)
     -> passage reset (eq. 7) -> personalized PageRank (eq. 6) -> top-k
 
-Everything stays on the index's device; the batch state is (entities x B) / (passages x B).
+Everything stays on the index's device; the batch state is (entities x B) / (passages x B), and
+nothing of size (sentences x B) is formed (sigma is computed where a step needs it). A large batch
+runs in chunks of questions sized from a memory budget (see ``memory_budget``); the answer for a
+question does not depend on the chunk it runs in.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
-from .activation import Activation, propagate_paper, propagate_reference, seed_entities, sentence_relevance
+from . import kernels
+from .activation import Activation, propagate_paper, propagate_reference, seed_entities
 from .config import RetrievalConfig
 from .index import TriGraphIndex
 from .pagerank import PPRGraph, passage_reset, personalized_pagerank
 from .queries import EncodedQueries, Retrieved
+
+# bytes of working memory one question needs per passage + entity node (dense [P, B] and [E, B] state:
+# seeds, activation, eq. 7 terms, the PageRank reset, iterate and buffers, top-k), measured with margin
+BYTES_PER_NODE = 56
+MEMORY_BUDGET_ENV = "LINEARRAG_MEMORY_BUDGET"
+
+
+def parse_bytes(text: str) -> int:
+    """'4G', '512M', '2GiB', '1000000' -> bytes (K/M/G/T are powers of 1024)."""
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
+    return int(float(t[:-1] if scale > 1 else t) * scale)
+
+
+def default_memory_budget(device) -> int:
+    """The working memory a batch may use: $LINEARRAG_MEMORY_BUDGET if set, else on CUDA half the free
+    device memory, on CPU a quarter of the available RAM capped at 4 GiB."""
+    if os.environ.get(MEMORY_BUDGET_ENV):
+        return parse_bytes(os.environ[MEMORY_BUDGET_ENV])
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free // 2
+    try:
+        with open("/proc/meminfo") as fh:
+            avail = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable"))
+    except (OSError, StopIteration, ValueError):
+        avail = 8 << 30
+    return max(256 << 20, min(4 << 30, avail // 4))
 
 
 class DeviceGraph:
@@ -25,26 +59,66 @@ class DeviceGraph:
     N_log [P, E] = ln(1 + N), and the PPR operator (built lazily per adjacent_passages setting).
     """
 
-    def __init__(self, index: TriGraphIndex, device="cpu"):
+    def __init__(self, index: TriGraphIndex, device="cpu", memory_budget: int | None = None):
         self.device = torch.device(device)
         self.index = index
+        self.memory_budget = memory_budget  # None: default_memory_budget(device) at query time
         M = index.M.to("cpu")
         MT = M.transpose()
         self.M_crow, self.M_col = M.crow.to(self.device), M.col.to(self.device)
         self.MT_crow, self.MT_col = MT.crow.to(self.device), MT.col.to(self.device)
-        self.M = M.torch(self.device)
-        self.MT = MT.torch(self.device)
         N = index.N.to("cpu")
-        self.N_log = N.with_values(torch.log1p(N.val)).torch(self.device)
+        self.N_logT = N.with_values(torch.log1p(N.val)).transpose().to(self.device)  # eq. 7: active entities' columns
+        self._torch_csr = {}
         self.passage_emb = index.passage_emb.to(self.device)
         self.sentence_emb = index.sentence_emb.to(self.device)
         self.entity_emb = index.entity_emb.to(self.device)
         self._ppr = {}
 
+    def _csr(self, name: str, make) -> torch.Tensor:
+        if name not in self._torch_csr:
+            m = make()
+            self._torch_csr[name] = m.torch(self.device, index_dtype=m.compact_index_dtype())
+        return self._torch_csr[name]
+
+    @property
+    def M(self) -> torch.Tensor:
+        """M [S, E] as torch CSR (paper mode), made on first use."""
+        return self._csr("M", lambda: self.index.M.to("cpu"))
+
+    @property
+    def MT(self) -> torch.Tensor:
+        """Mᵀ [E, S] as torch CSR (paper mode), made on first use."""
+        return self._csr("MT", lambda: self.index.M.to("cpu").transpose())
+
+    @property
+    def N_log(self) -> torch.Tensor:
+        """ln(1 + N) [P, E] as torch CSR, made on first use (the engine itself uses N_logT)."""
+        return self._csr("N_log", lambda: self.N_logT.to("cpu").transpose())
+
     def ppr_graph(self, adjacent_passages: bool) -> PPRGraph:
         if adjacent_passages not in self._ppr:
             self._ppr[adjacent_passages] = PPRGraph.build(self.index.C, adjacent_passages, self.device)
         return self._ppr[adjacent_passages]
+
+    def questions_per_chunk(self, memory_budget: int | None = None) -> int:
+        """How many questions one chunk of a batch holds within the memory budget (at least 1)."""
+        budget = memory_budget if memory_budget is not None else self.memory_budget
+        if budget is None:
+            budget = default_memory_budget(self.device)
+        nodes = self.passage_emb.shape[0] + self.entity_emb.shape[0]
+        return max(1, int(budget) // (BYTES_PER_NODE * max(nodes, 1)))
+
+    def nbytes(self) -> int:
+        """Bytes of the query tensors on the device (embeddings, sparse matrices, PPR operator)."""
+        tensors = [self.passage_emb, self.sentence_emb, self.entity_emb, self.M_crow, self.M_col, self.MT_crow,
+                   self.MT_col, self.N_logT.crow, self.N_logT.col, self.N_logT.val]
+        mats = list(self._torch_csr.values()) + [m for g in self._ppr.values()
+                                              for m in (g.to_passages, g.to_entities, g.between_passages) if m is not None]
+        n = sum(t.numel() * t.element_size() for t in tensors)
+        for m in mats:
+            n += sum(t.numel() * t.element_size() for t in (m.crow_indices(), m.col_indices(), m.values()))
+        return n
 
 
 @dataclass
@@ -58,10 +132,11 @@ class Trace:
 
 
 def activate(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig):
-    """Eqs. 3-5 for a batch: (seeds, is_seed, Activation)."""
+    """Eqs. 3-5 for a batch: (seeds, is_seed, Activation). Sigma (eq. 4) is computed lazily from
+    (sentence_emb, query_emb) for the (sentence, question) pairs the activation visits."""
     B = queries.batch_size
     seeds, is_seed = seed_entities(graph.entity_emb, queries.entity_emb, queries.entity_owner, B)
-    sigma = sentence_relevance(graph.sentence_emb, queries.query_emb)
+    sigma = (graph.sentence_emb, queries.query_emb)
     if not cfg.use_activation:
         act = Activation(act=seeds, tier=is_seed.to(torch.int64), reset=seeds)
     elif cfg.mode == "paper":
@@ -73,21 +148,56 @@ def activate(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig):
 
 def top_k(scores: torch.Tensor, k: int):
     """The k best rows of each column of [P, B], best first, ties to the lowest row: ([B, k], [B, k])."""
-    vals, idx = torch.sort(scores.T, dim=1, descending=True, stable=True)
-    return idx[:, :k], vals[:, :k]
+    return kernels.topk_columns(scores, k)
 
 
-def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool = False):
-    """Rank passages for a batch of encoded questions. Returns Retrieved (and a Trace if asked)."""
+def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool = False,
+             memory_budget: int | None = None):
+    """Rank passages for a batch of encoded questions. Returns Retrieved (and a Trace if asked).
+
+    The batch runs in chunks of graph.questions_per_chunk(memory_budget) questions.
+    """
     queries = queries.to(graph.device)
+    B = queries.batch_size
+    chunk = graph.questions_per_chunk(memory_budget)
+    if B <= chunk:
+        return _retrieve_chunk(graph, queries, cfg, trace)
+    parts = [_retrieve_chunk(graph, slice_queries(queries, b, min(b + chunk, B)), cfg, trace)
+             for b in range(0, B, chunk)]
+    outs = [p[0] for p in parts] if trace else parts
+    out = Retrieved(torch.cat([o.indices for o in outs]), torch.cat([o.scores for o in outs]))
+    if not trace:
+        return out
+    trs = [p[1] for p in parts]
+    act = Activation(
+        act=torch.cat([t.activation.act for t in trs], 1), tier=torch.cat([t.activation.tier for t in trs], 1),
+        reset=torch.cat([t.activation.reset for t in trs], 1), steps=max(t.activation.steps for t in trs),
+    )
+    return out, Trace(torch.cat([t.seeds for t in trs], 1), torch.cat([t.is_seed for t in trs], 1), act,
+                      torch.cat([t.dense for t in trs]))
+
+
+def slice_queries(queries: EncodedQueries, start: int, stop: int) -> EncodedQueries:
+    """Questions start .. stop - 1 of a batch, with their entities (owners renumbered from 0)."""
+    own = queries.entity_owner
+    mask = (own >= start) & (own < stop)
+    keep = torch.nonzero(mask).flatten().tolist() if queries.entity_text else []
+    return EncodedQueries(
+        queries.query_emb[start:stop], queries.entity_emb[mask], own[mask] - start,
+        [queries.entity_text[i] for i in keep],
+    )
+
+
+def _retrieve_chunk(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool):
     B = queries.batch_size
     P = graph.passage_emb.shape[0]
     k = min(cfg.top_k, P)
     sim = graph.passage_emb @ queries.query_emb.T  # [P, B]
     seeds, is_seed, act = activate(graph, queries, cfg)
-    reset_p = passage_reset(sim, graph.N_log, act.act, act.tier, cfg)
+    reset_p = passage_reset(sim, graph.N_log, act.act, act.tier, cfg, N_logT=graph.N_logT)
     if cfg.use_ppr:
-        ppr_p, _, valid = personalized_pagerank(graph.ppr_graph(cfg.adjacent_passages), reset_p, act.reset, cfg)
+        ppr_p, _, valid = personalized_pagerank(graph.ppr_graph(cfg.adjacent_passages), reset_p, act.reset, cfg,
+                                                entity_scores=False)
     else:
         ppr_p, valid = reset_p, torch.ones(B, dtype=torch.bool, device=graph.device)
     use_graph = is_seed.any(dim=0) & valid

@@ -43,6 +43,25 @@ class PassageAnalysis(NamedTuple):
     entities: list  # distinct entity strings of the passage, in order of first occurrence
 
 
+def bind_title(analysis: PassageAnalysis, title: str) -> PassageAnalysis:
+    """Make the passage title an entity of the passage mentioned by every one of its sentences.
+
+    A Wikipedia-style passage is about its title: its sentences say "He was born in ..." without
+    naming it. Binding the title to each sentence lets activation step from a title (found in the
+    question) to the passage's most question-relevant sentence, and links the passage to every
+    other passage that names the title. Identity when the title is empty.
+    """
+    title = title.strip()
+    if not title:
+        return analysis
+    rest = [e for e in analysis.entities if e != title]
+    return PassageAnalysis(
+        sentences=analysis.sentences,
+        sentence_entities=[[title] + [e for e in ents if e != title] for ents in analysis.sentence_entities],
+        entities=[title] + rest,
+    )
+
+
 def load_spacy(name: str) -> Language:
     """Load pipeline ``name`` (an installed package or a folder) with only NER and rule sentence splitting."""
     try:

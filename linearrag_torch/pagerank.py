@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import kernels
 from .config import RetrievalConfig
 from .sparse import Csr
 
@@ -17,21 +18,51 @@ def minmax(x: torch.Tensor) -> torch.Tensor:
     return torch.where(span > 0, (x - lo) / torch.where(span > 0, span, torch.ones_like(span)), torch.zeros_like(x))
 
 
-def passage_reset(sim: torch.Tensor, N_log, act: torch.Tensor, tier: torch.Tensor, cfg: RetrievalConfig) -> torch.Tensor:
+def passage_reset(sim: torch.Tensor, N_log, act: torch.Tensor, tier: torch.Tensor, cfg: RetrievalConfig,
+                  N_logT: Csr | None = None) -> torch.Tensor:
     """Eq. 7: I0(p) = (lam * minmax(sim)(p) + ln(1 + sum_e act_e * ln(1 + N[p,e]) / L_e)) * W_p.
 
     sim [P, B] cosines; N_log [P, E] sparse CSR holding ln(1 + N); act, tier [E, B] (tier 0 = inactive).
+    With ``N_logT`` (the Csr of N_logᵀ on sim's device) the sum walks only the active entities' columns
+    of N_log (kernels.spmm_sparse_rhs) instead of a full SpMM.
     """
-    v = torch.where(tier > 0, act / tier.clamp(min=1).to(act.dtype), torch.zeros_like(act))
-    return (cfg.lam * minmax(sim) + torch.log1p(N_log @ v)) * cfg.passage_node_weight
+    if N_logT is None:
+        v = torch.where(tier > 0, act / tier.clamp(min=1).to(act.dtype), torch.zeros_like(act))
+        z = N_log @ v
+    else:
+        e, b = torch.nonzero(tier > 0, as_tuple=True)
+        z = torch.zeros_like(sim)
+        kernels.spmm_sparse_rhs(N_logT.crow, N_logT.col, N_logT.val, e, b, act[e, b] / tier[e, b].to(act.dtype), z)
+    return (cfg.lam * minmax(sim) + torch.log1p_(z)) * cfg.passage_node_weight
+
+
+@dataclass
+class Leaves:
+    """The entities of degree 1 (one passage, weight > 0), merged into one node per passage.
+
+    A leaf entity e of passage p only trades mass with p: it receives d * w[p, e] / str(p) * x_p and
+    gives all of its mass back to p. Its passage sees only the sum of its leaves' mass, so the walk runs
+    on one "bucket" node per passage holding that sum (to_entities weight share_p = sum of the leaves'
+    w / str(p), to_passages weight 1); the leaves' own values and their part of the L1 change are
+    recovered exactly from the bucket (see personalized_pagerank).
+    """
+
+    row: torch.Tensor  # [E] int64: row of each entity in the walk's entity space (a leaf: its bucket)
+    is_leaf: torch.Tensor  # [E] bool
+    passage: torch.Tensor  # [E] int64: a leaf's passage (-1 otherwise)
+    share: torch.Tensor  # [E] float32: a leaf's w[p, e] / str(p) (0 otherwise)
+    bucket_share: torch.Tensor  # [entity rows] float32: a bucket's sum of shares (0 for other rows)
+    by_passage: Csr  # [P, E] the leaves of each passage (values: share)
 
 
 @dataclass
 class PPRGraph:
     """The random-walk operator of the undirected passage-entity graph, as pre-normalised CSR.
 
-    to_passages [P, E]: w[p, e] / str(e);  to_entities [E, P]: w[p, e] / str(p);
+    to_passages [P, E']: w[p, e] / str(e);  to_entities [E', P]: w[p, e] / str(p);
     between_passages [P, P] or None: adjacency / str(source);  dangling_*: nodes of strength 0.
+    With ``leaves`` (the default of build), the entity space E' holds the entities of degree >= 2 and
+    one bucket per passage with leaf entities (Leaves); else E' = E.
     """
 
     to_passages: torch.Tensor
@@ -39,9 +70,23 @@ class PPRGraph:
     between_passages: torch.Tensor | None
     dangling_passages: torch.Tensor
     dangling_entities: torch.Tensor
+    dangling_passage_idx: torch.Tensor | None = None  # the same nodes as index lists
+    dangling_entity_idx: torch.Tensor | None = None
+    leaves: Leaves | None = None
+
+    def __post_init__(self):
+        if self.dangling_passage_idx is None:
+            self.dangling_passage_idx = torch.nonzero(self.dangling_passages).flatten()
+        if self.dangling_entity_idx is None:
+            self.dangling_entity_idx = torch.nonzero(self.dangling_entities).flatten()
+
+    @property
+    def num_entities(self) -> int:
+        """Entities of the index (not rows of the walk's entity space)."""
+        return self.leaves.row.numel() if self.leaves is not None else self.to_entities.shape[0]
 
     @staticmethod
-    def build(C: Csr, adjacent_passages: bool = False, device="cpu") -> "PPRGraph":
+    def build(C: Csr, adjacent_passages: bool = False, device="cpu", collapse_leaves: bool = True) -> "PPRGraph":
         P, E = C.shape
         C = C.to("cpu")
         strength_p = C.row_sums().double()
@@ -53,18 +98,56 @@ class PPRGraph:
             strength_p = strength_p + adj.row_sums().double()
         inv_p = torch.where(strength_p > 0, 1.0 / strength_p, torch.zeros_like(strength_p))
         inv_e = torch.where(strength_e > 0, 1.0 / strength_e, torch.zeros_like(strength_e))
-        to_passages = C.with_values((C.val.double() * inv_e[C.col]).float())
-        CT = C.transpose()
-        to_entities = CT.with_values((CT.val.double() * inv_p[CT.col]).float())
+        rows = C.row_index()
+        to_p_val = C.val.double() * inv_e[C.col]  # w / str(e)
+        to_e_val = C.val.double() * inv_p[rows]  # w / str(p), on C's entries
+        leaves = None
+        if collapse_leaves:
+            degree = torch.bincount(C.col, minlength=E)
+            is_leaf = (degree == 1) & (strength_e > 0)
+            leaf_entry = is_leaf[C.col]
+            keep = ~is_leaf
+            n_keep = int(keep.sum())
+            row = torch.full((E,), -1, dtype=torch.int64)
+            row[keep] = torch.arange(n_keep)
+            has_leaf = torch.zeros(P, dtype=torch.bool)
+            has_leaf[rows[leaf_entry]] = True
+            bucket = torch.full((P,), -1, dtype=torch.int64)
+            bucket[has_leaf] = n_keep + torch.arange(int(has_leaf.sum()))
+            passage = torch.full((E,), -1, dtype=torch.int64)
+            passage[C.col[leaf_entry]] = rows[leaf_entry]
+            share = torch.zeros(E, dtype=torch.float64)
+            share[C.col[leaf_entry]] = to_e_val[leaf_entry]
+            row[is_leaf] = bucket[passage[is_leaf]]
+            n_rows = n_keep + int(has_leaf.sum())
+            bucket_share = torch.zeros(n_rows, dtype=torch.float64).index_add_(0, row[is_leaf], share[is_leaf])
+            lp = torch.nonzero(has_leaf).flatten()
+            # to_passages: the non-leaf entries, and weight 1 from each bucket to its passage
+            to_passages = Csr.from_coo(torch.cat([rows[~leaf_entry], lp]), torch.cat([row[C.col[~leaf_entry]], bucket[lp]]),
+                                       torch.cat([to_p_val[~leaf_entry], torch.ones(lp.numel(), dtype=torch.float64)]).float(),
+                                       (P, n_rows))
+            # to_entities: the non-leaf entries, and each bucket's share (duplicates are summed)
+            to_entities = Csr.from_coo(row[C.col], rows, to_e_val.float(), (n_rows, P))
+            dangling_e = torch.cat([strength_e[keep] == 0, torch.zeros(n_rows - n_keep, dtype=torch.bool)])
+            by_passage = Csr.from_coo(passage[is_leaf], torch.nonzero(is_leaf).flatten(), share[is_leaf].float(), (P, E))
+            leaves = Leaves(row.to(device), is_leaf.to(device), passage.to(device), share.float().to(device),
+                            bucket_share.float().to(device), by_passage.to(device))
+        else:
+            to_passages = C.with_values(to_p_val.float())
+            CT = C.transpose()
+            to_entities = CT.with_values((CT.val.double() * inv_p[CT.col]).float())
+            dangling_e = strength_e == 0
         between = None
         if adj is not None:
-            between = adj.with_values((adj.val.double() * inv_p[adj.col]).float()).torch(device)
+            between = adj.with_values((adj.val.double() * inv_p[adj.col]).float())
+            between = between.torch(device, index_dtype=between.compact_index_dtype())
         return PPRGraph(
-            to_passages=to_passages.torch(device),
-            to_entities=to_entities.torch(device),
+            to_passages=to_passages.torch(device, index_dtype=to_passages.compact_index_dtype()),
+            to_entities=to_entities.torch(device, index_dtype=to_entities.compact_index_dtype()),
             between_passages=between,
             dangling_passages=(strength_p == 0).to(device),
-            dangling_entities=(strength_e == 0).to(device),
+            dangling_entities=dangling_e.to(device),
+            leaves=leaves,
         )
 
     def step(self, xp: torch.Tensor, xe: torch.Tensor):
@@ -77,37 +160,168 @@ class PPRGraph:
         return new_p, new_e, dangling
 
 
-def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch.Tensor, cfg: RetrievalConfig):
+class _ActiveLeaves:
+    """The leaves with reset mass, tracked one by one (pairs (leaf e, column b)); every other leaf of
+    a passage moves in step with its bucket. Adds their exact share of the L1 change to each step."""
+
+    def __init__(self, lv: Leaves, re: torch.Tensor):
+        leaf_idx = torch.nonzero(lv.is_leaf).flatten()
+        i, b = torch.nonzero(re.index_select(0, leaf_idx) > 0, as_tuple=True)
+        self.e = leaf_idx[i]
+        self.col = b  # original column
+        self.p = lv.passage[self.e]
+        self.bucket = lv.row[self.e]
+        self.share = lv.share[self.e]
+        self.r = re[self.e, b]
+        self.x = self.r.clone()  # x_e^0 = r_e
+        self.final = self.x.clone()
+        # pairs grouped by (bucket, column): the leaves of one passage in one question
+        key = self.bucket * re.shape[1] + b
+        _, self.group = torch.unique(key, return_inverse=True)
+        self.n_groups = int(self.group.max()) + 1 if self.group.numel() else 0
+
+
+def _expand_entities(lv: Leaves, xe_rows: torch.Tensor, active: _ActiveLeaves | None) -> torch.Tensor:
+    """Entity scores [E, B] from the walk's entity rows: a leaf not tracked gets its passage bucket's
+    mass in proportion to its share, after the tracked leaves of that passage took theirs."""
+    out = xe_rows.index_select(0, lv.row)
+    leaf = torch.nonzero(lv.is_leaf).flatten()
+    scale = torch.where(lv.bucket_share > 0, 1.0 / lv.bucket_share, torch.zeros_like(lv.bucket_share))
+    out[leaf] *= (lv.share[leaf] * scale[lv.row[leaf]])[:, None]
+    if active is not None and active.e.numel():
+        # per (bucket, column) with tracked leaves: the untracked leaves share (bucket - tracked mass)
+        g = active.group
+        tracked_x = torch.zeros(active.n_groups, device=out.device).index_add_(0, g, active.final)
+        tracked_s = torch.zeros(active.n_groups, device=out.device).index_add_(0, g, active.share)
+        first = torch.full((active.n_groups,), -1, dtype=torch.int64, device=out.device)
+        first[g] = torch.arange(g.numel(), device=out.device)
+        p, col, bucket = active.p[first], active.col[first], active.bucket[first]
+        rest_s = lv.bucket_share[bucket] - tracked_s
+        per_share = torch.where(rest_s > 0, (xe_rows[bucket, col] - tracked_x) / torch.where(rest_s > 0, rest_s, 1.0),
+                                torch.zeros_like(rest_s))
+        owner, pos, _ = kernels.segment_positions(lv.by_passage.crow, p)
+        e = lv.by_passage.col[pos]
+        out[e, col[owner]] = lv.by_passage.val[pos] * per_share[owner]
+        out[active.e, active.col] = active.final
+    return out
+
+
+def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch.Tensor, cfg: RetrievalConfig,
+                          entity_scores: bool = True):
     """Eq. 6 by power iteration, batched: x <- (1 - d) r + d (walk(x) + dangling(x) r).
 
     A question stops when its L1 change is below cfg.ppr_tol, or when the change stops shrinking
-    (a tolerance below the dtype's rounding floor would otherwise run to ppr_max_iter).
+    (a tolerance below the dtype's rounding floor would otherwise run to ppr_max_iter); it keeps the
+    iterate of that step. Each step is kernels.ppr_step on the working columns; a column that stops is
+    written out at once and dropped from the working set at the next compaction (when a quarter of it
+    has stopped), so late iterations cost only what is left. With graph.leaves the walk runs on the
+    merged leaf buckets; the change and (with ``entity_scores``) the entity scores are those of the
+    full graph (see Leaves).
 
     reset_p [P, B], reset_e [E, B] are cleaned (NaN and negatives -> 0) and normalised per column.
-    Returns (passage scores [P, B], entity scores [E, B], valid [B]); a column whose reset sums to 0
-    is not valid (the caller falls back to dense retrieval) and holds zeros.
+    Returns (passage scores [P, B], entity scores [E, B] or None, valid [B]); a column whose reset sums
+    to 0 is not valid (the caller falls back to dense retrieval) and holds zeros.
     """
-    rp = torch.nan_to_num(reset_p, nan=0.0).clamp(min=0)
-    re = torch.nan_to_num(reset_e, nan=0.0).clamp(min=0)
+    rp = torch.nan_to_num(reset_p, nan=0.0).clamp_(min=0)
+    re = torch.nan_to_num(reset_e, nan=0.0).clamp_(min=0)
     total = rp.sum(0) + re.sum(0)
     valid = total > 0
     norm = torch.where(valid, total, torch.ones_like(total))
-    rp, re = rp / norm, re / norm
+    rp.div_(norm)
+    re.div_(norm)
+    lv = graph.leaves
+    active = None
+    if lv is not None:
+        active = _ActiveLeaves(lv, re)
+        re = torch.zeros(graph.to_entities.shape[0], re.shape[1], dtype=re.dtype, device=re.device).index_add_(0, lv.row, re)
+    B = rp.shape[1]
     d = cfg.damping
-    xp, xe = rp, re
-    running = torch.ones_like(valid)
+    # working set: the reset (wrp, wre), the iterate (xp, xe) and an output buffer pair, columns `cols`
+    cols = torch.arange(B, device=rp.device)
+    work_of = torch.arange(B, device=rp.device)  # original column -> working column (-1: compacted away)
+    wrp, wre = rp, re
+    xp, xe = rp.clone(), re.clone()
+    bp, be = torch.empty_like(xp), torch.empty_like(xe)
     last = torch.full_like(total, float("inf"))
+    running = torch.ones_like(valid)  # over the working columns
     for _ in range(cfg.ppr_max_iter):
-        new_p, new_e, dangling = graph.step(xp, xe)
-        np_ = (1 - d) * rp + d * (new_p + dangling * rp)
-        ne_ = (1 - d) * re + d * (new_e + dangling * re)
-        change = (np_ - xp).abs().sum(0) + (ne_ - xe).abs().sum(0)
-        xp = torch.where(running, np_, xp)  # a converged question keeps its iterate, as it would alone
-        xe = torch.where(running, ne_, xe)
+        if active is not None and active.e.numel():
+            g = xp.new_zeros(xp.shape[1])
+            if graph.dangling_passage_idx.numel():
+                g += xp.index_select(0, graph.dangling_passage_idx).sum(0)
+            if graph.dangling_entity_idx.numel():
+                g += xe.index_select(0, graph.dangling_entity_idx).sum(0)
+            c = (1.0 - d) + d * g
+            w = work_of[active.col]
+            live = w >= 0
+            xp_at = xp[active.p[live], w[live]]  # gathered before the step scratches xp, xe
+            L_old = xe[active.bucket[live], w[live]]
+        change = kernels.ppr_step(graph, xp, xe, wrp, wre, d, bp, be)
+        if active is not None and active.e.numel():
+            change = change + _leaf_correction(active, live, w, xp_at, L_old, be, c, running, d)
+        xp, bp, xe, be = bp, xp, be, xe  # the new iterate; the old one is scratch
         # the L1 change shrinks by at least d per step in exact arithmetic; once it stops shrinking the
         # column sits at the float rounding floor (about 1e-7 in float32), where more steps change nothing
-        running = running & (change >= cfg.ppr_tol) & (change < last)
+        stop = running & ((change < cfg.ppr_tol) | (change >= last))
         last = change
-        if not bool(running.any()):
+        if not bool(stop.any()):
+            continue
+        # a finished column's reset is no longer needed: its slot takes the result. Until the next
+        # compaction the column keeps being iterated (on that slot); what it computes is ignored.
+        done = cols[stop]
+        rp[:, done] = xp[:, stop]
+        re[:, done] = xe[:, stop]
+        running = running & ~stop
+        n_run = int(running.sum())
+        if n_run == 0:
             break
-    return xp, xe, valid
+        if n_run <= 3 * running.numel() // 4:  # compact once a quarter of the working set has finished
+            k = torch.nonzero(running).flatten()
+            wrp, wre = wrp.index_select(1, k), wre.index_select(1, k)  # copies: rp, re slots get written
+            # the kept columns move into the scratch buffers' storage; the old iterate's becomes scratch
+            xp, bp = torch.index_select(xp, 1, k, out=_head(bp, n_run)), _head(xp, n_run)
+            xe, be = torch.index_select(xe, 1, k, out=_head(be, n_run)), _head(xe, n_run)
+            work_of.fill_(-1)
+            work_of[cols[k]] = torch.arange(n_run, device=rp.device)
+            cols, last, running = cols[k], last[k], running[k]
+    else:
+        rp[:, cols[running]] = xp[:, running]  # ppr_max_iter reached
+        re[:, cols[running]] = xe[:, running]
+    if not entity_scores:
+        return rp, None, valid
+    if lv is None:
+        return rp, re, valid
+    return rp, _expand_entities(lv, re, active), valid
+
+
+def _leaf_correction(active: _ActiveLeaves, live, w, xp_at, L_old, out_e, c, running, d):
+    """Per working column: the tracked leaves' part of the L1 change that the bucket rows miss,
+
+        sum over (passage, column) with tracked leaves A of  sum_A |dx_e| + |dL - sum_A dx_e| - |dL|
+
+    (the untracked leaves of a passage all move with sign(dL - sum_A dx_e)); advances the tracked x_e."""
+    wl = w[live]
+    keep = running[wl]  # columns that already stopped keep their leaves' values
+    x_new = d * active.share[live] * xp_at + c[wl] * active.r[live]
+    dx = x_new - active.x[live]
+    dL = out_e[active.bucket[live], wl] - L_old
+    g = active.group[live]
+    n = active.n_groups
+    sum_dx = torch.zeros(n, dtype=dx.dtype, device=dx.device).index_add_(0, g, dx)
+    sum_abs = torch.zeros(n, dtype=dx.dtype, device=dx.device).index_add_(0, g, dx.abs())
+    first = torch.full((n,), -1, dtype=torch.int64, device=dx.device)
+    first[g] = torch.arange(g.numel(), device=dx.device)
+    has = first >= 0
+    gl = first[has]
+    dLg = dL[gl]
+    corr = sum_abs[has] + (dLg - sum_dx[has]).abs() - dLg.abs()
+    change = torch.zeros(running.numel(), dtype=dx.dtype, device=dx.device).index_add_(0, wl[gl], corr)
+    idx = torch.nonzero(live).flatten()[keep]
+    active.x[idx] = x_new[keep]
+    active.final[idx] = x_new[keep]
+    return change
+
+
+def _head(buf: torch.Tensor, cols: int) -> torch.Tensor:
+    """A contiguous [rows, cols] view on the start of ``buf``'s storage (rows = buf.shape[0])."""
+    return buf.view(-1)[: buf.shape[0] * cols].view(buf.shape[0], cols)

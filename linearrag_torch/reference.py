@@ -36,10 +36,11 @@ def _csr64(mat) -> sp.csr_matrix:
     return mat.scipy().astype(np.float64).tocsr()
 
 
-def seeds(index: TriGraphIndex, query_entity_emb: np.ndarray, owner, B: int) -> list:
+def seeds(index: TriGraphIndex, query_entity_emb: np.ndarray, owner, B: int, entity_emb=None) -> list:
     """Eq. 3: per question {entity: seed score}. A question entity's seed is the graph entity of largest
-    cosine (ties: lowest index, as np.argmax); several entities with one seed keep the largest score."""
-    entity_emb = _f64(index.entity_emb)
+    cosine (ties: lowest index, as np.argmax); several entities with one seed keep the largest score.
+    ``entity_emb``: the float64 entity embeddings if already made (see prepare)."""
+    entity_emb = _f64(index.entity_emb) if entity_emb is None else entity_emb
     query_entity_emb = np.asarray(query_entity_emb, dtype=np.float64)
     owner = np.asarray(owner, dtype=np.int64)
     out = [dict() for _ in range(B)]
@@ -179,17 +180,30 @@ def _rank(values: np.ndarray, k: int):
     return order, values[order]
 
 
-def retrieve(index: TriGraphIndex, queries: EncodedQueries, config: RetrievalConfig) -> Retrieved:
+def prepare(index: TriGraphIndex, config: RetrievalConfig) -> dict:
+    """The per-index part of retrieve (float64 copies, Mᵀ, the walk of eq. 6), to reuse across calls."""
+    M = _csr64(index.M)
+    C = _csr64(index.C)
+    return {
+        "passage_emb": _f64(index.passage_emb), "sentence_emb": _f64(index.sentence_emb),
+        "entity_emb": _f64(index.entity_emb), "M": M, "MT": M.T.tocsr(), "C": C, "N": _csr64(index.N),
+        "adjacent_passages": config.adjacent_passages, "walk": transition_matrix(C, config.adjacent_passages),
+    }
+
+
+def retrieve(index: TriGraphIndex, queries: EncodedQueries, config: RetrievalConfig,
+             prepared: dict | None = None) -> Retrieved:
     """Returns Retrieved(indices, scores) as torch tensors (int64 [B,k], float32 [B,k]) computed with
-    numpy/scipy, k = min(config.top_k, P)."""
+    numpy/scipy, k = min(config.top_k, P). ``prepared``: prepare(index, config), if already made."""
     P = index.num_passages
     B = queries.batch_size
     k = min(config.top_k, P)
-    passage_emb, sentence_emb = _f64(index.passage_emb), _f64(index.sentence_emb)
-    M, C, N = _csr64(index.M), _csr64(index.C), _csr64(index.N)
-    MT = M.T.tocsr()
-    walk = transition_matrix(C, config.adjacent_passages)
-    seed_dicts = seeds(index, _f64(queries.entity_emb), queries.entity_owner.cpu().numpy(), B)
+    if prepared is None or prepared["adjacent_passages"] != config.adjacent_passages:
+        prepared = prepare(index, config)
+    passage_emb, sentence_emb = prepared["passage_emb"], prepared["sentence_emb"]
+    M, MT, C, N, walk = prepared["M"], prepared["MT"], prepared["C"], prepared["N"], prepared["walk"]
+    seed_dicts = seeds(index, _f64(queries.entity_emb), queries.entity_owner.cpu().numpy(), B,
+                       entity_emb=prepared["entity_emb"])
     indices = np.zeros((B, k), dtype=np.int64)
     scores = np.zeros((B, k), dtype=np.float64)
     for b in range(B):

@@ -1,6 +1,8 @@
 """Random Tri-Graphs with the shape of real ones, for tests and benchmarks (no NER, no encoder)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .index import TriGraphIndex
@@ -84,3 +86,89 @@ def random_queries(index: TriGraphIndex, batch: int = 8, entities_per_query: flo
     q = near * index.passage_emb[target] + (1 - near) * _unit(batch, D, gen)
     q = q / q.norm(dim=1, keepdim=True)
     return EncodedQueries(q.float(), ent.float(), owner, [f"q{int(o)}" for o in owner])
+
+
+@dataclass
+class Mentions:
+    """What NER would hand the index builder for a random corpus: the passage of every sentence, the
+    (sentence, entity) mentions, and the extra (passage, entity) occurrences of the lower-cased
+    substring count N beyond the NER mentions. Entity ids are 0 .. entities - 1, every one used."""
+
+    passages: int
+    sentences: int
+    entities: int
+    sent_passage: torch.Tensor  # [S] int64
+    ent_sentence: torch.Tensor  # [mentions] int64, sorted
+    ent: torch.Tensor  # [mentions] int64
+    extra_passage: torch.Tensor  # [extra] int64
+    extra_entity: torch.Tensor  # [extra] int64
+
+
+def random_mentions(passages: int, vocabulary: int, sentences_per_passage: float = 4.0,
+                    entities_per_sentence: float = 2.0, zipf: float = 1.0, extra_ratio: float = 0.25,
+                    repeat: float = 0.0, seed: int = 0) -> Mentions:
+    """Mentions of a random corpus with real-corpus statistics (see benchmarks/scaling.py, which
+    measures them): sentences per passage and entities per sentence 1 + Poisson, entities drawn from a
+    vocabulary of ``vocabulary`` names with Zipf exponent ``zipf``; names never drawn are not entities,
+    the others are numbered in order of first mention (as the index builder does).
+    With probability ``repeat`` a mention after the first of its passage names an entity mentioned earlier
+    in the passage (real passages come back to their subject). N gets ``extra_ratio`` x mentions extra
+    (passage, entity) pairs, uniformly at random."""
+    gen = torch.Generator().manual_seed(seed)
+    P = passages
+    n_sent = torch.poisson(torch.full((P,), float(sentences_per_passage) - 1), generator=gen).long() + 1
+    S = int(n_sent.sum())
+    sent_passage = torch.repeat_interleave(torch.arange(P), n_sent)
+    n_ent = torch.poisson(torch.full((S,), float(entities_per_sentence) - 1), generator=gen).long() + 1
+    weights = 1.0 / torch.arange(1, vocabulary + 1, dtype=torch.float64) ** zipf
+    draws = int(n_ent.sum())
+    ent = torch.cat([torch.multinomial(weights, min(draws - i, 1 << 24), replacement=True, generator=gen)
+                     for i in range(0, draws, 1 << 24)])  # multinomial takes at most 2^24 samples a call
+    ent_sentence = torch.repeat_interleave(torch.arange(S), n_ent)
+    if repeat > 0:  # mention i, the j-th of its passage, may name the entity of an earlier mention of it
+        per_passage = torch.zeros(P, dtype=torch.int64).index_add_(0, sent_passage, n_ent)
+        start = torch.repeat_interleave(torch.cumsum(per_passage, 0) - per_passage, per_passage)
+        j = torch.arange(draws) - start
+        again = (torch.rand(draws, generator=gen) < repeat) & (j > 0)
+        earlier = start + (torch.rand(draws, generator=gen) * j).long()
+        ent = torch.where(again, ent[earlier], ent)
+    used, ent = torch.unique(ent, return_inverse=True)
+    E = used.numel()
+    # ids in order of first mention, as the index builder numbers them (it gives nearby passages
+    # nearby entities, which the sparse products' memory access benefits from)
+    first = torch.full((E,), draws, dtype=torch.int64).scatter_reduce_(0, ent, torch.arange(draws), "amin")
+    rank = torch.empty(E, dtype=torch.int64)
+    rank[torch.argsort(first)] = torch.arange(E)
+    ent = rank[ent]
+    extra = int(extra_ratio * draws)
+    return Mentions(P, S, E, sent_passage, ent_sentence, ent,
+                    torch.randint(0, P, (extra,), generator=gen), torch.randint(0, max(E, 1), (extra,), generator=gen))
+
+
+def index_from_mentions(m: Mentions, passage_emb: torch.Tensor, sentence_emb: torch.Tensor,
+                        entity_emb: torch.Tensor) -> TriGraphIndex:
+    """The sparse structure of the Tri-Graph from mentions (the indexing work after NER and encoding):
+    M (0/1), C (mention counts normalised per passage), N (C's counts + the extra occurrences), PS."""
+    P, S, E = m.passages, m.sentences, m.entities
+    ones = torch.ones(m.ent.numel())
+    M = Csr.from_coo(m.ent_sentence, m.ent, ones, (S, E))
+    M = M.with_values(torch.ones(M.nnz))  # a sentence mentioning an entity twice is still one edge
+    counts = Csr.from_coo(m.sent_passage[m.ent_sentence], m.ent, ones, (P, E))  # mentions per passage
+    C = counts.with_values(counts.val / counts.row_sums()[counts.row_index()])
+    N = Csr.from_coo(torch.cat([counts.row_index(), m.extra_passage]), torch.cat([counts.col, m.extra_entity]),
+                     torch.cat([counts.val, torch.ones(m.extra_passage.numel())]), (P, E))
+    PS = Csr.from_coo(m.sent_passage, torch.arange(S), torch.ones(S), (P, S))
+    return TriGraphIndex(
+        passage_ids=range(P), titles=[""] * P, texts=[""] * P, sentences=[""] * S, entities=[""] * E,
+        passage_emb=passage_emb, sentence_emb=sentence_emb, entity_emb=entity_emb, M=M, C=C, N=N, PS=PS,
+    )
+
+
+def random_embeddings(rows: int, dim: int, seed: int = 0, chunk: int = 1 << 18) -> torch.Tensor:
+    """[rows, dim] random unit vectors, generated ``chunk`` rows at a time (little peak memory)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = torch.empty(rows, dim)
+    for i in range(0, rows, chunk):
+        x = torch.randn(min(chunk, rows - i), dim, generator=gen)
+        out[i:i + x.shape[0]] = x / x.norm(dim=1, keepdim=True).clamp(min=1e-12)
+    return out

@@ -1,0 +1,1 @@
+"""Benchmarks of linearrag_torch (run ``python -m benchmarks.quality --help``)."""

@@ -1,0 +1,251 @@
+"""One-shot check of the CUDA path, written to finish within 8 minutes on one NVIDIA H200.
+
+    python benchmarks/gpu_check.py [--json benchmarks/results/gpu_check.json] [--budget-s 420]
+    python benchmarks/gpu_check.py --device cpu --smoke      # the same code on tiny sizes, on the CPU
+
+Sections (each one recorded in the JSON, an error in one does not stop the others):
+1. bandwidth  device-to-device copy of 1 GiB, in GB/s (read + write), the yardstick for what follows;
+2. agreement  the engine on the device against the CPU scipy reference (and the CPU torch engine) on
+              a mid-size random graph with fresh random inputs (seed in the JSON): top-k agreement and
+              relative error of the scores, both activation modes, Triton kernels and torch fallbacks;
+3. kernels    benchmarks/kernels.py's cases on the device: each fused op against the unfused torch;
+4. timing     the query path at several sizes x batch sizes, CUDA events after a warm-up, with the
+              PageRank steps' modeled memory traffic / their time as achieved bandwidth.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import linearrag_torch.kernels as K  # noqa: E402
+from benchmarks.kernels import kernels_mode, make_graph, run_cases, timed  # noqa: E402
+from linearrag_torch import reference  # noqa: E402
+from linearrag_torch.config import RetrievalConfig  # noqa: E402
+from linearrag_torch.engine import DeviceGraph, retrieve  # noqa: E402
+from linearrag_torch.synthetic import random_queries  # noqa: E402
+
+DATE = "2026-11-30"
+FULL = {"copy_bytes": 1 << 30, "agree_passages": 50_000, "agree_batch": 64, "kernel_passages": 1_000_000,
+        "kernel_batch": 256, "argmax_size": 1 << 24, "sizes": [100_000, 1_000_000, 4_000_000], "batches": [1, 64, 1024]}
+SMOKE = {"copy_bytes": 1 << 24, "agree_passages": 1_500, "agree_batch": 8, "kernel_passages": 3_000,
+         "kernel_batch": 8, "argmax_size": 1 << 15, "sizes": [2_000, 6_000], "batches": [1, 8]}
+
+
+class Clock:
+    def __init__(self, budget_s: float):
+        self.t0, self.budget = time.perf_counter(), budget_s
+
+    def left(self) -> float:
+        return self.budget - (time.perf_counter() - self.t0)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ----------------------------------------------------------------------------------------- 1. bandwidth
+def copy_bandwidth(device, nbytes: int) -> dict:
+    x = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    y = torch.empty_like(x)
+    ms = timed(lambda: y.copy_(x), device, repeat=10)
+    return {"bytes": nbytes, "ms": ms, "GB_per_s": 2 * nbytes / ms / 1e6}  # each byte read once, written once
+
+
+# ----------------------------------------------------------------------------------------- 2. agreement
+def compare(got, want) -> dict:
+    gi, gs = got.indices.cpu().numpy(), got.scores.cpu().double().numpy()
+    wi, ws = want.indices.cpu().numpy(), want.scores.cpu().double().numpy()
+    rel = np.abs(gs - ws) / np.maximum(np.abs(ws), 1e-12)
+    same_order = (gi == wi).all(axis=1)
+    same_set = np.array([set(a) == set(b) for a, b in zip(gi, wi)])
+    return {"questions": int(len(gi)), "top_k_same_order": float(same_order.mean()),
+            "top_k_same_set": float(same_set.mean()), "max_rel_err_scores": float(rel.max()) if rel.size else 0.0,
+            "median_rel_err_scores": float(np.median(rel)) if rel.size else 0.0}
+
+
+def agreement(device, P: int, B: int, seed: int) -> dict:
+    index, _ = make_graph(P, 64, "cpu", seed=seed)
+    queries = random_queries(index, B, seed=seed + 1)
+    out = {"passages": P, "batch": B, "seed": seed, "entities": index.num_entities, "sentences": index.num_sentences}
+    dev_graph, cpu_graph = DeviceGraph(index, device), DeviceGraph(index, "cpu")
+    for mode in ("reference", "paper"):
+        cfg = RetrievalConfig(mode=mode, delta=0.25, top_k=10)
+        want = reference.retrieve(index, queries, cfg)
+        cpu = retrieve(cpu_graph, queries, cfg)
+        res = {"device_vs_scipy": compare(retrieve(dev_graph, queries, cfg), want),
+               "cpu_torch_vs_scipy": compare(cpu, want)}
+        if device.type == "cuda":
+            with kernels_mode("torch"):
+                res["device_torch_fallback_vs_scipy"] = compare(retrieve(dev_graph, queries, cfg), want)
+            res["device_vs_cpu_torch"] = compare(retrieve(dev_graph, queries, cfg), cpu)
+        out[mode] = res
+    worst = max(r["max_rel_err_scores"] for m in ("reference", "paper") for r in out[m].values())
+    # ids may differ where scores tie within float error; the scores themselves must agree
+    out["ok"] = bool(worst < 1e-3)
+    out["worst_max_rel_err"] = worst
+    return out
+
+
+# ----------------------------------------------------------------------------------------- 4. timing
+def ppr_step_bytes(graph, B: int) -> int:
+    """Memory traffic of one kernels.ppr_step on B columns if nothing is reused from cache: each CSR
+    entry's index and value, each gathered row of x (B floats), and per output row the reset and old
+    iterate read and the new iterate written."""
+    total = 0
+    for mat in (graph.to_passages, graph.to_entities, graph.between_passages):
+        if mat is None:
+            continue
+        rows = mat.shape[0]
+        nnz = mat.values().numel()
+        ib = mat.col_indices().element_size()
+        total += nnz * (ib + 4) + (rows + 1) * ib + nnz * B * 4 + rows * B * 4 * 3
+    return total
+
+
+class StepMeter:
+    """Wraps kernels.ppr_step to sum its modeled bytes and (with CUDA events) its time."""
+
+    def __init__(self, device):
+        self.device, self.bytes, self.events, self.calls = device, 0, [], 0
+        self.inner = K.ppr_step
+
+    def __enter__(self):
+        def wrapped(graph, xp, *a, **kw):
+            self.bytes += ppr_step_bytes(graph, xp.shape[1])
+            self.calls += 1
+            if self.device.type == "cuda":
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                r = self.inner(graph, xp, *a, **kw)
+                e.record()
+                self.events.append((s, e))
+                return r
+            t = time.perf_counter()
+            r = self.inner(graph, xp, *a, **kw)
+            self.events.append(time.perf_counter() - t)
+            return r
+
+        K.ppr_step = wrapped
+        return self
+
+    def __exit__(self, *exc):
+        K.ppr_step = self.inner
+
+    def ms(self) -> float:
+        sync(self.device)
+        if self.device.type == "cuda":
+            return sum(s.elapsed_time(e) for s, e in self.events)
+        return 1e3 * sum(self.events)
+
+
+def timing(device, sizes, batches, clock: Clock, copy_gbs: float, log) -> list:
+    rows = []
+    cfg = RetrievalConfig()
+    last_cost = None
+    for P in sizes:
+        if last_cost is not None and clock.left() < 4 * last_cost:  # sizes grow ~4x: skip what cannot finish
+            rows.append({"passages": P, "skipped": f"not enough time left ({clock.left():.0f} s)"})
+            log(f"  {P:>9,} passages: skipped (time)")
+            continue
+        t0 = time.perf_counter()
+        index, graph = make_graph(P, 64, device)
+        sync(device)
+        build_s = time.perf_counter() - t0
+        for B in batches:
+            q = random_queries(index, B, seed=B).to(device)
+            retrieve(graph, random_queries(index, 2, seed=7), cfg)  # warm-up: Triton compilation, allocator
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            with StepMeter(device) as meter:
+                calls = 3 if B < 1024 else 1
+                ms = timed(lambda: retrieve(graph, q, cfg), device, repeat=calls)
+            ppr_ms = meter.ms() / (calls + 1)  # timed() also runs one warm-up call
+            ppr_bytes = meter.bytes / (calls + 1)
+            r = {"passages": P, "entities": index.num_entities, "batch": B, "build_s": build_s, "ms_per_call": ms,
+                 "queries_per_s": B / ms * 1e3, "ppr_steps_per_call": meter.calls / (calls + 1),
+                 "ppr_ms_per_call": ppr_ms, "ppr_modeled_bytes_per_call": ppr_bytes,
+                 "ppr_GB_per_s": ppr_bytes / ppr_ms / 1e6 if ppr_ms else None,
+                 "questions_per_chunk": graph.questions_per_chunk()}
+            r["ppr_fraction_of_copy_bw"] = r["ppr_GB_per_s"] / copy_gbs if r["ppr_GB_per_s"] and copy_gbs else None
+            if device.type == "cuda":
+                r["peak_mem_bytes"] = torch.cuda.max_memory_allocated(device)
+            rows.append(r)
+            log(f"  {P:>9,} passages batch {B:>5}: {r['queries_per_s']:10.1f} q/s, PPR {ppr_ms:8.1f} ms "
+                f"({r['ppr_GB_per_s'] or 0:.0f} GB/s modeled, {100 * (r['ppr_fraction_of_copy_bw'] or 0):.0f}% of copy)")
+        last_cost = time.perf_counter() - t0
+        del index, graph
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes (seconds): a test of the script itself")
+    ap.add_argument("--json", type=Path, default=None, help="default benchmarks/results/gpu_check[_smoke].json")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new work after this long")
+    ap.add_argument("--seed", type=int, default=None, help="seed of the agreement check (default: fresh)")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: use --device cpu --smoke for a CPU run of this script", file=sys.stderr)
+        return 2
+    sizes = SMOKE if args.smoke else FULL
+    clock = Clock(args.budget_s)
+    log = lambda m: print(m, flush=True)  # noqa: E731
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") % 1_000_000
+    info = {"benchmark": "gpu_check", "date": DATE, "device": str(device), "smoke": args.smoke,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "triton": K.triton_available(),
+            "torch_scatter": K.segment_topk.torch_scatter_available(), "cpu_count": os.cpu_count()}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["triton_version"] = __import__("triton").__version__ if K.triton_available() else None
+    out = {"info": info, "sections": {}}
+    path = args.json or Path(__file__).resolve().parent / "results" / ("gpu_check_smoke.json" if args.smoke else "gpu_check.json")
+
+    def section(name, fn):
+        t = time.perf_counter()
+        log(f"[{name}] ({clock.left():.0f} s left)")
+        try:
+            out["sections"][name] = {"result": fn(), "seconds": time.perf_counter() - t}
+        except Exception as exc:  # noqa: BLE001 - one failing section must not lose the others' numbers
+            import traceback
+
+            out["sections"][name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(),
+                                     "seconds": time.perf_counter() - t}
+            log(f"  ERROR {type(exc).__name__}: {exc}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=1, default=str))
+
+    section("bandwidth", lambda: copy_bandwidth(device, sizes["copy_bytes"]))
+    copy_gbs = out["sections"]["bandwidth"].get("result", {}).get("GB_per_s")
+    if copy_gbs:
+        log(f"  device-to-device copy: {copy_gbs:.0f} GB/s")
+    section("agreement", lambda: agreement(device, sizes["agree_passages"], sizes["agree_batch"], seed))
+    agr = out["sections"]["agreement"].get("result")
+    if agr:
+        log(f"  seed {seed}: worst max relative error of top-k scores {agr['worst_max_rel_err']:.2e} "
+            f"-> {'OK' if agr['ok'] else 'MISMATCH'}")
+    section("kernels", lambda: run_cases(sizes["kernel_passages"], sizes["kernel_batch"], device, repeat=5, log=log,
+                                         argmax_size=sizes["argmax_size"]))
+    section("timing", lambda: timing(device, sizes["sizes"], sizes["batches"], clock, copy_gbs or 0.0, log))
+    out["total_s"] = time.perf_counter() - clock.t0
+    path.write_text(json.dumps(out, indent=1, default=str))
+    log(f"wrote {path} ({out['total_s']:.0f} s)")
+    failed = [n for n, s in out["sections"].items() if "error" in s] + ([] if agr and agr["ok"] else ["agreement"])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,467 @@
+"""How index building and querying scale with corpus size: synthetic Tri-Graphs with the statistics of
+a real corpus, from 10,000 passages up, torch backend against the scipy reference.
+
+    python -m benchmarks.scaling [--sizes 10000 100000 1000000] [--batch 1 64 1024] [--device cpu]
+                                 [--real ../shared/datasets/2wiki] --json OUT [--png OUT] [--merge]
+
+Per size: build time of the sparse structure (mentions -> M, C, N, PS -> the query-ready device
+graph; NER and encoding excluded, they are measured on the real corpus with --real), bytes of index
+per passage, queries/s per backend and batch size, peak memory; then the log-log slope of time
+against size. See benchmarks/README.md for the protocol and benchmarks/results/ for our numbers.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from linearrag_torch import reference  # noqa: E402
+from linearrag_torch.config import IndexConfig, RetrievalConfig  # noqa: E402
+from linearrag_torch.engine import DeviceGraph, retrieve  # noqa: E402
+from linearrag_torch.synthetic import (  # noqa: E402
+    index_from_mentions, random_embeddings, random_mentions, random_queries,
+)
+
+DATE = "2026-11-30"  # the date of our recorded runs (benchmarks/results/scaling_cpu.json)
+DEFAULT_SIZES = (10_000, 30_000, 100_000, 300_000, 1_000_000)
+DEFAULT_BATCHES = (1, 64, 1024)
+# used when no real corpus was measured: the 2WikiMultiHopQA statistics of our run
+DEFAULT_STATS = {"sentences_per_passage": 3.2, "entities_per_sentence": 2.1, "vocabulary_per_passage": 2.0,
+                 "zipf": 0.9, "extra_ratio": 0.3}
+
+
+# ----------------------------------------------------------------------------------------- memory
+def reset_peak_memory(device: torch.device) -> int:
+    """Start a peak-memory window; returns the current usage (RSS on CPU, allocated bytes on CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return torch.cuda.memory_allocated(device)
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:  # "5" resets the peak RSS (VmHWM) of this process
+            fh.write("5")
+    except OSError:
+        pass
+    return _status_bytes("VmRSS")
+
+
+def peak_memory(device: torch.device) -> int:
+    """Peak usage since reset_peak_memory (peak RSS on CPU, peak allocated bytes on CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device)
+    return _status_bytes("VmHWM")
+
+
+def _status_bytes(field: str) -> int:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ----------------------------------------------------------------------------------------- real corpus
+class _RandomEncoder:
+    """Stands in for the encoder during the timed build: random unit vectors, no model (the real
+    encoder's time is measured on samples separately)."""
+
+    def __init__(self, dim: int = 384):
+        self.dim, self.calls = dim, 0
+
+    def encode(self, texts, progress=False, desc=None):
+        self.calls += 1
+        return random_embeddings(len(texts), self.dim, seed=self.calls)
+
+
+def measure_real_corpus(folder: Path, encode_sample: int = 256, seed: int = 0) -> dict:
+    """Index the real corpus in ``folder``/corpus.jsonl with build_index (stage times: NER, graph,
+    counts; a stand-in encoder), time the device graph, estimate encoding from samples with the real
+    encoder, and return the statistics the synthetic corpora copy."""
+    from linearrag_torch.build import build_index, passage_text
+    from linearrag_torch.corpus import read_corpus
+    from linearrag_torch.encoding import Encoder
+    from linearrag_torch.nlp import load_spacy
+
+    cfg = IndexConfig()
+    passages = read_corpus(folder / "corpus.jsonl")
+    texts = [passage_text(p.title, p.text) for p in passages]
+    times = {}
+    t = time.perf_counter()
+    nlp = load_spacy(cfg.spacy_model)
+    times["load_spacy_s"] = time.perf_counter() - t
+    stages = {}
+    t = time.perf_counter()
+    index = build_index(passages, cfg, progress=False, nlp=nlp, encoder=_RandomEncoder(), timings=stages)
+    times["build_index_with_stand_in_encoder_s"] = time.perf_counter() - t
+    for stage in ("ner", "graph", "counts"):
+        times[f"{stage}_s"] = stages.get(stage)
+    times["stand_in_embeddings_s"] = sum(v for k, v in stages.items() if k.startswith("embed"))
+    t = time.perf_counter()
+    graph = DeviceGraph(index, "cpu")
+    graph.ppr_graph(False)
+    times["device_graph_s"] = time.perf_counter() - t
+    # encoding: a random sample of each kind of text, extrapolated to the whole corpus
+    rng = np.random.default_rng(seed)
+    t = time.perf_counter()
+    enc = Encoder(cfg.encoder, "cpu", cfg.max_length, cfg.batch_size)
+    times["load_encoder_s"] = time.perf_counter() - t
+    encode = {}
+    for name, items in (("passages", texts), ("sentences", index.sentences), ("entities", index.entities)):
+        pick = [items[i] for i in rng.choice(len(items), size=min(encode_sample, len(items)), replace=False)]
+        t = time.perf_counter()
+        enc.encode(pick, progress=False)
+        rate = len(pick) / (time.perf_counter() - t)
+        encode[name] = {"sampled": len(pick), "per_s": rate, "estimated_s": len(items) / rate}
+    times["encode_estimated_s"] = sum(v["estimated_s"] for v in encode.values())
+    P, S, E = index.num_passages, index.num_sentences, index.num_entities
+    M, C, N = index.M, index.C, index.N
+    mention_freq = np.sort(np.bincount(M.col.numpy(), minlength=E))[::-1]  # sentences per entity, by rank
+    stats = {
+        "passages": P, "sentences": S, "entities": E, "nnz_M": M.nnz, "nnz_C": C.nnz, "nnz_N": N.nnz,
+        "sentences_per_passage": S / P,  # sentence nodes: distinct texts that mention an entity
+        "entities_per_sentence": M.nnz / max(S, 1),
+        "entities_per_passage": C.nnz / P,
+        "entities_per_passage_node": E / P,
+        "extra_ratio": (N.nnz - C.nnz) / max(M.nnz, 1),  # N's substring matches beyond C, per mention
+        "singleton_entities": float((mention_freq == 1).mean()),
+        "top_entity_share": float(mention_freq[0] / mention_freq.sum()),
+        "rank_frequency": {str(r): int(mention_freq[r - 1]) for r in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000,
+                                                                      2000, 5000, 10000) if r <= E},
+    }
+    stats.update(calibrate_zipf(mention_freq, M.nnz, E, P))
+    return {"folder": str(folder), "stats": stats, "timings": times, "encode": encode,
+            "index_bytes_per_passage_dim384": _index_bytes(index) / P}
+
+
+def calibrate_zipf(freq: np.ndarray, mentions: int, entities: int, passages: int) -> dict:
+    """The Zipf exponent s and vocabulary V of random_mentions that reproduce the real corpus: V such that
+    ``mentions`` draws hit ``entities`` distinct names in expectation, s fitting the rank-frequency curve
+    (log counts at log-spaced ranks with at least 3 mentions)."""
+    ranks = np.unique(np.round(np.logspace(0, math.log10(max(2, len(freq))), 40)).astype(int))
+    ranks = ranks[(ranks <= len(freq)) & (freq[np.minimum(ranks, len(freq)) - 1] >= 3)]
+    best = None
+    for s in np.arange(0.5, 1.31, 0.02):
+        lo, hi = entities, 200 * entities
+        for _ in range(40):  # bisection on V: expected distinct names grows with V
+            V = (lo + hi) // 2
+            p = 1.0 / np.arange(1, V + 1) ** s
+            p /= p.sum()
+            distinct = float(np.sum(-np.expm1(mentions * np.log1p(-p))))
+            lo, hi = (V, hi) if distinct < entities else (lo, V)
+            if hi - lo <= max(1, V // 1000):
+                break
+        err = float(np.mean((np.log(freq[ranks - 1]) - np.log(mentions * p[ranks - 1])) ** 2)) if len(ranks) else 0.0
+        if best is None or err < best[0]:
+            best = (err, float(s), int(V))
+    return {"zipf": round(best[1], 2), "vocabulary_per_passage": best[2] / passages, "zipf_fit_mse_log": best[0]}
+
+
+def calibrate_generator(stats: dict, max_passages: int = 20_000, rounds: int = 10, seed: int = 0) -> dict:
+    """Parameters of random_mentions (mean entities per sentence, repeat, vocabulary per passage; the
+    Zipf exponent and the other means as measured) that reproduce, on a corpus of the real size (at most
+    ``max_passages``), the real mentions per sentence (nnz M / S), distinct entities per passage
+    (nnz C / P) and entities per passage node (E / P): a few rounds of multiplicative corrections."""
+    P = min(int(stats["passages"]), max_passages)
+    want = {"M/S": stats["entities_per_sentence"], "C/P": stats["entities_per_passage"],
+            "E/P": stats["entities_per_passage_node"]}
+    lam, rep, vpp = stats["entities_per_sentence"], 0.2, stats["vocabulary_per_passage"]
+    got = {}
+    for _ in range(rounds):
+        m = random_mentions(P, max(1, round(vpp * P)), stats["sentences_per_passage"], lam, stats["zipf"], 0.0,
+                            repeat=rep, seed=seed)
+        pairs_m = torch.unique(m.ent_sentence * m.entities + m.ent).numel()
+        pairs_c = torch.unique(m.sent_passage[m.ent_sentence] * m.entities + m.ent).numel()
+        got = {"M/S": pairs_m / m.sentences, "C/P": pairs_c / P, "E/P": m.entities / P}
+        lam *= want["M/S"] / got["M/S"]
+        rep = min(0.95, max(0.0, rep + 0.8 * (got["C/P"] - want["C/P"]) / max(got["C/P"], 1e-9)))
+        vpp *= (want["E/P"] / got["E/P"]) ** 1.5
+    return {"entities_per_sentence": lam, "repeat": rep, "vocabulary_per_passage": vpp,
+            "calibration_passages": P, "achieved": got, "target": want}
+
+
+# ----------------------------------------------------------------------------------------- one size
+def _index_bytes(index) -> int:
+    """Bytes of the index's tensors: embeddings and the CSR arrays of M, C, N, PS."""
+    n = sum(t.numel() * t.element_size() for t in (index.passage_emb, index.sentence_emb, index.entity_emb))
+    for m in (index.M, index.C, index.N, index.PS):
+        n += sum(t.numel() * t.element_size() for t in (m.crow, m.col, m.val))
+    return n
+
+
+def build(passages: int, stats: dict, dim: int, device: torch.device, seed: int = 0):
+    """A synthetic index of ``passages`` passages; times the structure build (mentions -> device graph)."""
+    m = random_mentions(passages, max(1, round(stats["vocabulary_per_passage"] * passages)),
+                        stats["sentences_per_passage"], stats["entities_per_sentence"], stats["zipf"],
+                        stats["extra_ratio"], repeat=stats.get("repeat", 0.0), seed=seed)
+    emb = [random_embeddings(n, dim, seed + i + 1) for i, n in enumerate((m.passages, m.sentences, m.entities))]
+    base = reset_peak_memory(torch.device("cpu"))
+    t = time.perf_counter()
+    index = index_from_mentions(m, *emb)
+    structure_s = time.perf_counter() - t
+    graph = DeviceGraph(index, device)
+    graph.ppr_graph(False)
+    _sync(device)
+    build_s = time.perf_counter() - t
+    info = {
+        "passages": passages, "sentences": index.num_sentences, "entities": index.num_entities,
+        "nnz_M": index.M.nnz, "nnz_C": index.C.nnz, "nnz_N": index.N.nnz, "dim": dim,
+        "build_s": build_s, "structure_s": structure_s, "device_graph_s": build_s - structure_s,
+        "index_bytes": _index_bytes(index), "graph_bytes": graph.nbytes(),
+        "build_peak_mem_bytes": peak_memory(torch.device("cpu")), "build_rss_before_bytes": base,
+    }
+    info["index_bytes_per_passage"] = info["index_bytes"] / passages
+    del m, emb
+    return index, graph, info
+
+
+def time_torch(graph, index, batch: int, cfg, device, min_questions: int, seed: int):
+    """queries/s of engine.retrieve at batch size ``batch`` (calls repeated until min_questions are done)."""
+    retrieve(graph, random_queries(index, 2, seed=seed + 99), cfg)  # warm-up: first-call allocations
+    calls, questions, total = 0, 0, 0.0
+    base = reset_peak_memory(device)
+    while questions < max(batch, min_questions) or calls == 0:
+        q = random_queries(index, batch, seed=seed + calls)
+        _sync(device)
+        t = time.perf_counter()
+        retrieve(graph, q, cfg)
+        _sync(device)
+        total += time.perf_counter() - t
+        calls += 1
+        questions += batch
+    return {"queries_per_s": questions / total, "seconds": total, "questions_timed": questions, "calls": calls,
+            "questions_per_chunk": graph.questions_per_chunk(), "peak_mem_bytes": peak_memory(device),
+            "mem_before_bytes": base}
+
+
+def time_scipy(index, prepared, batch: int, cfg, max_questions: int, seed: int):
+    """queries/s of the scipy reference on min(batch, max_questions) questions (it answers one question
+    at a time, so its rate does not depend on the batch; the per-index prepare() is excluded)."""
+    n = min(batch, max_questions)
+    calls = max(1, max_questions // batch) if batch < max_questions else 1
+    total, questions = 0.0, 0
+    base = reset_peak_memory(torch.device("cpu"))
+    for c in range(calls):
+        q = random_queries(index, n, seed=seed + c)
+        t = time.perf_counter()
+        reference.retrieve(index, q, cfg, prepared=prepared)
+        total += time.perf_counter() - t
+        questions += n
+    return {"queries_per_s": questions / total, "seconds": total, "questions_timed": questions, "calls": calls,
+            "peak_mem_bytes": peak_memory(torch.device("cpu")), "mem_before_bytes": base}
+
+
+def run_size(passages, stats, args, device, log):
+    cfg = RetrievalConfig()
+    index, graph, info = build(passages, stats, args.dim, device, seed=args.seed)
+    if args.memory_budget:
+        graph.memory_budget = args.memory_budget
+    log(f"{passages:>9,} passages: {info['sentences']:,} sentences, {info['entities']:,} entities, "
+        f"build {info['build_s']:.2f} s, {info['index_bytes_per_passage']:.0f} B/passage")
+    rows = []
+    common = {"passages": passages, "build_s": info["build_s"], "index_bytes": info["index_bytes"]}
+    for batch in args.batch:
+        if "torch" in args.backends:
+            r = time_torch(graph, index, batch, cfg, device, args.min_questions, args.seed + 1000 * batch)
+            rows.append({**common, "backend": "torch", "device": str(device), "batch": batch, **r})
+            log(f"    torch {str(device):>5} batch {batch:>5}: {r['queries_per_s']:9.2f} q/s "
+                f"({r['questions_timed']} questions, peak {r['peak_mem_bytes'] / 2**30:.2f} GiB)")
+    del graph  # the scipy reference's float64 copies take its place in memory
+    gc.collect()
+    if "scipy" in args.backends:
+        t = time.perf_counter()
+        prepared = reference.prepare(index, cfg)
+        prepare_s = time.perf_counter() - t
+        for batch in args.batch:
+            r = time_scipy(index, prepared, batch, cfg, args.scipy_questions, args.seed + 1000 * batch)
+            rows.append({**common, "backend": "scipy", "device": "cpu", "batch": batch, "prepare_s": prepare_s, **r})
+            log(f"    scipy   cpu batch {batch:>5}: {r['queries_per_s']:9.2f} q/s ({r['questions_timed']} questions)")
+        del prepared
+    return info, rows
+
+
+# ----------------------------------------------------------------------------------------- summary
+def fit_slope(xs, ys) -> float | None:
+    """Least-squares slope of log(y) against log(x) (None with fewer than 2 sizes)."""
+    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x > 0 and y > 0]
+    if len(pts) < 2:
+        return None
+    lx, ly = np.array(pts).T
+    return float(np.polyfit(lx, ly, 1)[0])
+
+
+def summarise(result: dict) -> dict:
+    sizes = sorted(result["sizes"], key=lambda s: s["passages"])
+    rows = result["rows"]
+    build = fit_slope([s["passages"] for s in sizes], [s["build_s"] for s in sizes])
+
+    def seconds_per_batch(backend, batch):
+        pts = sorted((r["passages"], r["batch"] / r["queries_per_s"]) for r in rows
+                     if r["backend"] == backend and r["batch"] == batch)
+        return [p for p, _ in pts], [t for _, t in pts]
+
+    per = {}
+    for backend in sorted({r["backend"] for r in rows}):
+        for batch in sorted({r["batch"] for r in rows if r["backend"] == backend}):
+            per[f"{backend}_batch{batch}"] = fit_slope(*seconds_per_batch(backend, batch))
+    ratios = {}
+    for r in rows:
+        if r["backend"] != "torch":
+            continue
+        s = [x for x in rows if x["backend"] == "scipy" and x["passages"] == r["passages"] and x["batch"] == r["batch"]]
+        if s:
+            ratios.setdefault(str(r["passages"]), {})[str(r["batch"])] = r["queries_per_s"] / s[0]["queries_per_s"]
+    big = max((r["batch"] for r in rows if r["backend"] == "torch"), default=None)
+    return {"slopes": {"build": build, "query": per.get(f"torch_batch{big}"), "query_batch": big, "per_backend_batch": per},
+            "torch_over_scipy": ratios}
+
+
+def plot(result: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted(result["sizes"], key=lambda s: s["passages"])
+    rows = result["rows"]
+    fig, ax = plt.subplots(2, 2, figsize=(12, 9))
+    P = [s["passages"] for s in sizes]
+    ax[0, 0].loglog(P, [s["build_s"] for s in sizes], "o-", label=f"build (slope {result['slopes']['build']:.2f})"
+                    if result["slopes"]["build"] is not None else "build")
+    ax[0, 0].set(title="structure build time (mentions -> device graph)", xlabel="passages", ylabel="seconds")
+    styles = {"torch": "-", "scipy": "--"}
+    for backend in ("torch", "scipy"):
+        for batch in sorted({r["batch"] for r in rows if r["backend"] == backend}):
+            pts = sorted((r["passages"], r["queries_per_s"], r["batch"] / r["queries_per_s"]) for r in rows
+                         if r["backend"] == backend and r["batch"] == batch)
+            if not pts:
+                continue
+            x, qps, spb = zip(*pts)
+            slope = result["slopes"]["per_backend_batch"].get(f"{backend}_batch{batch}")
+            lab = f"{backend} batch {batch}" + (f" (slope {slope:.2f})" if slope is not None else "")
+            ax[0, 1].loglog(x, qps, "o" + styles[backend], label=lab)
+            ax[1, 0].loglog(x, spb, "o" + styles[backend], label=lab)
+    ax[0, 1].set(title="query throughput", xlabel="passages", ylabel="questions / s")
+    ax[1, 0].set(title="time per call (batch of questions)", xlabel="passages", ylabel="seconds")
+    ax[1, 1].semilogx(P, [s["index_bytes_per_passage"] for s in sizes], "o-", label="index (embeddings + CSR)")
+    ax[1, 1].semilogx(P, [s["graph_bytes"] / s["passages"] for s in sizes], "s-", label="device graph (query tensors)")
+    peak = sorted((r["passages"], r["peak_mem_bytes"] / r["passages"]) for r in rows
+                  if r["backend"] == "torch" and r["batch"] == max(x["batch"] for x in rows))
+    if peak:
+        ax[1, 1].semilogx(*zip(*peak), "^--", label="torch peak RSS at the largest batch")
+    ax[1, 1].set(title=f"bytes per passage (dim {sizes[0]['dim']})", xlabel="passages", ylabel="bytes")
+    for a in ax.flat:
+        a.grid(True, which="both", alpha=0.3)
+        a.legend(fontsize=8)
+    fig.suptitle(f"linearrag_torch scaling, {result['machine']['description']}, {result['date']}")
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+
+
+def machine(device: torch.device, threads: int) -> dict:
+    d = {"cpu_count": os.cpu_count(), "torch_threads": threads, "torch": torch.__version__,
+         "numpy": np.__version__, "python": platform.python_version(), "platform": platform.platform(),
+         "device": str(device)}
+    try:
+        import scipy
+
+        d["scipy"] = scipy.__version__
+    except ImportError:
+        pass
+    if device.type == "cuda":
+        d["gpu"] = torch.cuda.get_device_name(device)
+        d["description"] = f"{d['gpu']}"
+    else:
+        d["description"] = f"{os.cpu_count()} cores CPU, {threads} torch thread(s)"
+    return d
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), help="numbers of passages")
+    ap.add_argument("--batch", type=int, nargs="+", default=list(DEFAULT_BATCHES), help="batch sizes")
+    ap.add_argument("--device", default="cpu", help="torch device of the torch backend (cpu, cuda, auto)")
+    ap.add_argument("--backends", nargs="+", default=["torch", "scipy"], choices=["torch", "scipy"])
+    ap.add_argument("--dim", type=int, default=64, help="embedding dimension of the synthetic corpora")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch (and BLAS) threads; 1 by default: on a shared machine it gives steady numbers")
+    ap.add_argument("--scipy-questions", type=int, default=8, help="questions the scipy reference is timed on")
+    ap.add_argument("--min-questions", type=int, default=8, help="time torch calls until this many questions ran")
+    ap.add_argument("--memory-budget", default=None, help="engine working-memory budget, e.g. 4G (default: engine's)")
+    ap.add_argument("--real", type=Path, default=None, help="real corpus folder (corpus.jsonl) to measure statistics on")
+    ap.add_argument("--encode-sample", type=int, default=256, help="texts per kind encoded to estimate encoding time")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, required=True, help="write (or with --merge, update) this JSON file")
+    ap.add_argument("--png", type=Path, default=None, help="plots (default: the JSON path with .png)")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the sizes and rows of an existing --json file that this run does not redo")
+    args = ap.parse_args(argv)
+    if args.memory_budget:
+        from linearrag_torch.engine import parse_bytes
+
+        args.memory_budget = parse_bytes(args.memory_budget)
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if args.device == "auto" else args.device))
+    torch.set_num_threads(args.threads)
+    try:  # the reference's BLAS gets the same number of threads
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(args.threads)
+    except ImportError:
+        pass
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+
+    old = json.loads(args.json.read_text()) if args.merge and args.json.is_file() else {}
+    real = old.get("real_corpus")
+    if args.real is not None:
+        log(f"measuring the real corpus {args.real} ...")
+        real = measure_real_corpus(args.real, args.encode_sample, args.seed)
+        log(json.dumps({k: real["stats"][k] for k in ("passages", "sentences_per_passage", "entities_per_sentence",
+                                                        "entities_per_passage", "zipf", "vocabulary_per_passage")}))
+    stats = {k: real["stats"][k] for k in DEFAULT_STATS} if real else dict(DEFAULT_STATS)
+    sizes = {s["passages"]: s for s in old.get("sizes", [])}
+    rows = [r for r in old.get("rows", []) if r["passages"] not in args.sizes
+            or r["backend"] not in args.backends or r["batch"] not in args.batch
+            or (r["backend"] == "torch" and r["device"] != str(device))]
+    for P in args.sizes:
+        info, new_rows = run_size(P, stats, args, device, log)
+        sizes[P] = info
+        rows += new_rows
+        result = {
+            "benchmark": "scaling", "date": DATE, "machine": machine(device, args.threads),
+            "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.scaling"] + (argv or sys.argv[1:])),
+            "config": RetrievalConfig().to_dict(), "synthetic_stats": stats, "real_corpus": real,
+            "sizes": sorted(sizes.values(), key=lambda s: s["passages"]),
+            "rows": sorted(rows, key=lambda r: (r["passages"], r["backend"], r["batch"])),
+        }
+        result.update(summarise(result))
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1))  # after every size: a long run keeps what it did
+    plot(result, args.png or args.json.with_suffix(".png"))
+    log(json.dumps({"slopes": result["slopes"], "torch_over_scipy": result["torch_over_scipy"]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

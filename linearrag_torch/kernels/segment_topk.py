@@ -1,0 +1,214 @@
+"""Reference-mode sentence choice: the k best unused sentences of each frontier entity, by sigma.
+
+For every frontier pair (entity e, question b) the candidates are the CSR row e of Mᵀ (the sentences
+that mention e). Unfused, torch expands every row into (pair, sentence) entries, gathers sigma for
+each (from a dense [S, B] sigma, or a dot product per entry), tests membership in the used set,
+and sorts everything twice. The Triton kernel walks each row in blocks, computes sigma as a dot
+product on the fly, looks the used set up by binary search and keeps the running best in registers:
+nothing of size (entries x D) or [S, B] is materialised.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ._dispatch import next_power_of_2, use_triton
+
+NONE = -1  # marks "no sentence left" in the [n, k] output
+
+
+def segment_positions(crow: torch.Tensor, rows: torch.Tensor):
+    """For a list of CSR rows: (owner, pos, offsets) with owner[i] the position in ``rows`` of entry i,
+    pos[i] its storage position in the CSR arrays, offsets[j] where row j's entries start."""
+    starts = crow[rows].to(torch.int64)
+    lens = crow[rows + 1].to(torch.int64) - starts
+    owner = torch.repeat_interleave(torch.arange(rows.numel(), device=rows.device), lens)
+    offsets = torch.cumsum(lens, 0) - lens
+    pos = torch.arange(owner.numel(), device=rows.device) - offsets[owner] + starts[owner]
+    return owner, pos, offsets
+
+
+def gather_sigma(sigma, s: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 16) -> torch.Tensor:
+    """sigma[s, b] for index vectors s, b. ``sigma`` is a dense [S, B] tensor, or a pair
+    (sentence_emb [S, D], query_emb [B, D]), in which case sigma[s, b] = <sentence_emb[s], query_emb[b]>
+    (eq. 4) is computed for the asked pairs only, ``chunk`` pairs at a time."""
+    if isinstance(sigma, torch.Tensor):
+        return sigma[s, b]
+    sentence_emb, query_emb = sigma
+    out = torch.empty(s.numel(), dtype=sentence_emb.dtype, device=sentence_emb.device)
+    for i in range(0, s.numel(), chunk):
+        j = min(i + chunk, s.numel())
+        out[i:j] = (sentence_emb[s[i:j]] * query_emb[b[i:j]]).sum(dim=1)
+    return out
+
+
+def segment_topk_sigma(crow: torch.Tensor, col: torch.Tensor, rows: torch.Tensor, qcols: torch.Tensor,
+                       sigma, used: torch.Tensor, batch: int, k: int) -> torch.Tensor:
+    """For each pair i = (row r = rows[i], question q = qcols[i]) of a CSR matrix (crow, col):
+
+        out[i] = the k columns s of row r with the largest sigma[s, q], best first, ties to the lower s,
+                 among those whose key s * batch + q is not in ``used`` (a sorted int64 tensor);
+                 NONE (-1) where the row has fewer than k such columns.
+
+    ``sigma`` is a dense [S, B] tensor or (sentence_emb, query_emb) as in gather_sigma. Returns [n, k] int64.
+    """
+    n = rows.numel()
+    if n == 0:
+        return torch.full((0, k), NONE, dtype=torch.int64, device=rows.device)
+    if use_triton(rows) and not isinstance(sigma, torch.Tensor):
+        return _segment_topk_triton(crow, col, rows, qcols, sigma, used, batch, k)
+    return _segment_topk_torch(crow, col, rows, qcols, sigma, used, batch, k)
+
+
+def _segment_topk_torch(crow, col, rows, qcols, sigma, used, batch, k):
+    owner, pos, offsets = segment_positions(crow, rows)
+    s = col[pos].to(torch.int64)
+    b = qcols[owner]
+    sig = gather_sigma(sigma, s, b)
+    if used.numel():
+        sig = torch.where(torch.isin(s * batch + b, used), torch.full_like(sig, float("-inf")), sig)
+    out = torch.full((rows.numel(), k), NONE, dtype=torch.int64, device=rows.device)
+    if k == 1:
+        first = segment_argmax(sig, owner, rows.numel())
+        ok = first >= 0
+        out[ok, 0] = s[first[ok]]
+        return out
+    chosen = top_k_per_segment(sig, owner, offsets, k)  # positions, grouped by owner, best first
+    o = owner[chosen]
+    counts = torch.bincount(o, minlength=rows.numel())
+    rank = torch.arange(chosen.numel(), device=rows.device) - (torch.cumsum(counts, 0) - counts)[o]
+    out[o, rank] = s[chosen]
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def torch_scatter_available() -> bool:
+    """Whether the optional torch-scatter package imports (pip install torch-scatter: compiles from source)."""
+    try:
+        import torch_scatter  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def sorted_offsets(owner: torch.Tensor, n: int) -> torch.Tensor:
+    """The CSR pointer [n + 1] of segments given as a sorted owner vector."""
+    ptr = torch.zeros(n + 1, dtype=torch.int64, device=owner.device)
+    torch.cumsum(torch.bincount(owner, minlength=n), 0, out=ptr[1:])
+    return ptr
+
+
+def segment_argmax(values: torch.Tensor, owner: torch.Tensor, n: int, use_scatter: bool | None = None) -> torch.Tensor:
+    """Per segment j (the entries i with owner[i] = j, contiguous): the position of its largest finite
+    value, the first one among ties; -1 for a segment without a finite value.
+
+    ``use_scatter``: use torch_scatter.segment_max_csr (one pass) instead of two native scatter_reduce
+    passes; None = when torch-scatter is installed and the tensors are on the CPU (where its argmax is
+    the first maximum and it measured faster, see benchmarks/README.md).
+    """
+    if use_scatter is None:
+        use_scatter = values.device.type == "cpu" and torch_scatter_available()
+    if use_scatter:
+        import torch_scatter
+
+        _, arg = torch_scatter.segment_max_csr(values, sorted_offsets(owner, n))
+        # empty segments and segments of -inf only come back with an out-of-range or foreign argmax
+        a = arg.clamp(0, max(values.numel() - 1, 0))
+        ok = (arg >= 0) & (arg < values.numel())
+        if values.numel():
+            ok &= torch.isfinite(values[a]) & (owner[a] == torch.arange(n, device=owner.device))
+        return torch.where(ok, arg, torch.full_like(arg, -1))
+    best = torch.full((n,), float("-inf"), dtype=values.dtype, device=values.device)
+    best.scatter_reduce_(0, owner, values, "amax")
+    idx = torch.arange(values.numel(), device=values.device)
+    hit = (values == best[owner]) & torch.isfinite(values)
+    big = values.numel()
+    first = torch.full((n,), big, dtype=torch.int64, device=values.device)
+    first.scatter_reduce_(0, owner, torch.where(hit, idx, torch.full_like(idx, big)), "amin")
+    return torch.where(first < big, first, torch.full_like(first, -1))
+
+
+def top_k_per_segment(values: torch.Tensor, owner: torch.Tensor, offsets: torch.Tensor, k: int) -> torch.Tensor:
+    """Positions of the k largest finite values of each segment (segments are contiguous runs of
+    ``owner``), grouped by segment, best first; ties keep the earlier position."""
+    order = torch.argsort(-values, stable=True)
+    order = order[torch.argsort(owner[order], stable=True)]
+    rank = torch.arange(order.numel(), device=values.device) - offsets[owner[order]]
+    keep = (rank < k) & torch.isfinite(values[order])
+    return order[keep]
+
+
+# ----------------------------------------------------------------------------------------- Triton
+_KERNEL = None
+
+
+def _kernel():
+    global _KERNEL
+    if _KERNEL is None:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def row_topk(crow, col, rows, qcols, emb, qemb, used, out, n_used, search_steps, batch, D, K,
+                     BLOCK: tl.constexpr, DP: tl.constexpr):
+            # one program per pair; K passes, pass j finds the best entry strictly below pick j - 1
+            # in the order (sigma descending, s ascending)
+            i = tl.program_id(0)
+            r = tl.load(rows + i).to(tl.int64)
+            q = tl.load(qcols + i).to(tl.int64)
+            start = tl.load(crow + r).to(tl.int64)
+            end = tl.load(crow + r + 1).to(tl.int64)
+            dofs = tl.arange(0, DP)
+            dmask = dofs < D
+            qv = tl.load(qemb + q * D + dofs, mask=dmask, other=0.0)
+            prev_v = tl.full([], float("inf"), tl.float32)
+            prev_s = tl.full([], -1, tl.int64)
+            for j in range(K):
+                best_v = tl.full([], float("-inf"), tl.float32)
+                best_s = tl.full([], -1, tl.int64)
+                for b0 in range(start, end, BLOCK):
+                    offs = b0 + tl.arange(0, BLOCK)
+                    m = offs < end
+                    s = tl.load(col + offs, mask=m, other=0).to(tl.int64)
+                    e = tl.load(emb + s[:, None] * D + dofs[None, :], mask=m[:, None] & dmask[None, :], other=0.0)
+                    v = tl.sum(e * qv[None, :], axis=1)
+                    # used-set membership by binary search on the sorted keys
+                    key = s * batch + q
+                    lo = tl.zeros([BLOCK], dtype=tl.int64)
+                    hi = tl.zeros([BLOCK], dtype=tl.int64) + n_used
+                    for _ in range(search_steps):
+                        mid = (lo + hi) // 2
+                        go = lo < hi
+                        kv = tl.load(used + mid, mask=go & m, other=0)
+                        lo = tl.where(go & (kv < key), mid + 1, lo)
+                        hi = tl.where(go & (kv >= key), mid, hi)
+                    found = tl.load(used + lo, mask=m & (lo < n_used), other=-1) == key
+                    below = (v < prev_v) | ((v == prev_v) & (s > prev_s))
+                    ok = m & (~found) & below
+                    v = tl.where(ok, v, -float("inf"))
+                    bv = tl.max(v, axis=0)
+                    bs = tl.min(tl.where(ok & (v == bv), s, 9223372036854775807), axis=0)
+                    better = (bv > best_v) | ((bv == best_v) & (bs < best_s) & (bv > -float("inf")))
+                    best_s = tl.where(better & (bv > -float("inf")), bs, best_s)
+                    best_v = tl.where(better, bv, best_v)
+                tl.store(out + i * K + j, best_s)
+                prev_v = best_v  # -inf when nothing was left: the later passes then find nothing either
+                prev_s = best_s
+
+        _KERNEL = row_topk
+    return _KERNEL
+
+
+def _segment_topk_triton(crow, col, rows, qcols, sigma, used, batch, k):
+    sentence_emb, query_emb = sigma
+    n = rows.numel()
+    out = torch.full((n, k), NONE, dtype=torch.int64, device=rows.device)
+    D = sentence_emb.shape[1]
+    used = used.contiguous() if used.numel() else torch.full((1,), -1, dtype=torch.int64, device=rows.device)
+    n_used = used.numel()
+    steps = max(1, int(n_used).bit_length())
+    _kernel()[(n,)](crow, col, rows.contiguous(), qcols.contiguous(), sentence_emb.contiguous(),
+                    query_emb.contiguous(), used, out, n_used, steps, batch, D, k,
+                    BLOCK=32, DP=next_power_of_2(D))
+    return out

@@ -1,0 +1,37 @@
+"""Top-k rows of every column with ties to the lowest row, without sorting whole columns.
+
+A stable descending sort of [B, P] (what a tie rule naturally asks for) costs O(P log P) per
+question: 4.5 s for 100k passages x 64 questions on 2 CPU cores. ``torch.topk`` finds the k-th value
+in one pass, but its order among equal values is unspecified; we keep its k-th value as a cut and
+order only the entries at or above it.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def topk_columns(scores: torch.Tensor, k: int):
+    """For scores [P, B]: (indices [B, k], values [B, k]) with, per column b,
+
+        indices[b] = the k rows p of largest scores[p, b], best first, equal values by lower p
+
+    (the order of a stable descending sort). NaN ranks above every number, as in torch.sort.
+    """
+    P, B = scores.shape
+    k = min(int(k), P)
+    if k == 0 or B == 0:
+        return (torch.zeros(B, k, dtype=torch.int64, device=scores.device),
+                torch.zeros(B, k, dtype=scores.dtype, device=scores.device))
+    cut = torch.topk(scores, k, dim=0).values[-1]  # [B]: the k-th largest value (NaN counts as largest)
+    nan_cut = torch.isnan(cut)
+    keep = (scores >= cut) | torch.isnan(scores) | nan_cut  # every entry that may be in the top k
+    p, b = keep.nonzero(as_tuple=True)  # row-major: p ascending within each column
+    v = scores[p, b]
+    key = torch.where(torch.isnan(v), torch.full_like(v, float("inf")), v)
+    order = torch.argsort(-key, stable=True)  # value descending, p ascending among ties
+    order = order[torch.argsort(b[order], stable=True)]  # then grouped by column
+    counts = torch.bincount(b, minlength=B)
+    first = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(order.numel(), device=scores.device) - first[b[order]]
+    take = order[rank < k]
+    return p[take].view(B, k), v[take].view(B, k)

@@ -1,0 +1,99 @@
+"""Shared fixtures: offline models and one small real index built once per test session.
+
+The small corpus is the bundled 2WikiMultiHopQA demo sample cut down to ~60 passages: the supporting
+passages of six chosen demo questions plus, in corpus order, distractors up to SMALL_CORPUS_SIZE.
+Building it (spaCy NER + MiniLM on 2 CPU cores) takes ~10 s, so every model-using test shares it.
+"""
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+import linearrag_torch  # noqa: E402
+
+DATA = Path(linearrag_torch.__file__).parent / "data"
+SMALL_CORPUS_SIZE = 60
+# demo questions (0-based line numbers in demo_questions.jsonl) whose supporting passages go into the
+# small corpus: compositional, compositional, comparison, bridge_comparison, comparison, inference
+CHOSEN_QUESTIONS = (0, 5, 7, 10, 17, 26)
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def write_jsonl(path, objs):
+    Path(path).write_text("".join(json.dumps(o, ensure_ascii=False) + "\n" for o in objs), encoding="utf-8")
+    return Path(path)
+
+
+def demo_corpus():
+    return read_jsonl(DATA / "demo_corpus.jsonl")
+
+
+def demo_questions():
+    return read_jsonl(DATA / "demo_questions.jsonl")
+
+
+def small_passages():
+    """The passages of the small corpus (dicts with id, title, text), in demo-corpus order."""
+    corpus = demo_corpus()
+    questions = demo_questions()
+    wanted = {sid for i in CHOSEN_QUESTIONS for sid in questions[i]["supporting_ids"]}
+    chosen = [p for p in corpus if p["id"] in wanted]
+    assert len(chosen) == len(wanted), "a supporting passage of a chosen question is not in the demo corpus"
+    for p in corpus:
+        if len(chosen) >= SMALL_CORPUS_SIZE:
+            break
+        if p["id"] not in wanted:
+            chosen.append(p)
+    position = {p["id"]: i for i, p in enumerate(corpus)}
+    return sorted(chosen, key=lambda p: position[p["id"]])
+
+
+@pytest.fixture(scope="session")
+def small_questions():
+    """The six chosen demo questions (dicts with question, answers, supporting_ids, ...)."""
+    qs = demo_questions()
+    return [qs[i] for i in CHOSEN_QUESTIONS]
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory):
+    """Path of a JSONL file with the ~60 passages of the small corpus."""
+    return write_jsonl(tmp_path_factory.mktemp("corpus") / "small_corpus.jsonl", small_passages())
+
+
+@pytest.fixture(scope="session")
+def nlp():
+    """The default spaCy pipeline, loaded once (the same loader LinearRAG uses)."""
+    from linearrag_torch.api import _load_nlp
+    from linearrag_torch.config import IndexConfig
+
+    return _load_nlp(IndexConfig())
+
+
+@pytest.fixture(scope="session")
+def encoder():
+    """The default encoder (packaged all-MiniLM-L6-v2) on the CPU, loaded once."""
+    from linearrag_torch.api import _load_encoder
+    from linearrag_torch.config import IndexConfig
+
+    return _load_encoder(IndexConfig(), "cpu")
+
+
+@pytest.fixture(scope="session")
+def small_rag(small_corpus, nlp, encoder):
+    from linearrag_torch import LinearRAG
+
+    return LinearRAG.build(small_corpus, device="cpu", progress=False, nlp=nlp, encoder=encoder)
+
+
+@pytest.fixture(scope="session")
+def small_index_dir(small_rag, tmp_path_factory):
+    return small_rag.save(tmp_path_factory.mktemp("small_index") / "index")

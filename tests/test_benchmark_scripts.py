@@ -1,0 +1,36 @@
+"""The benchmark programs run end to end on tiny sizes (their numbers are not checked, their plumbing is)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_check_smoke_mode_on_cpu(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--smoke",
+                           "--json", str(out), "--budget-s", "120"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    for name in ("bandwidth", "agreement", "kernels", "timing"):
+        assert "error" not in res["sections"][name], res["sections"][name].get("traceback")
+    assert res["sections"]["agreement"]["result"]["ok"]
+    assert {r["batch"] for r in res["sections"]["timing"]["result"]} == {1, 8}
+    kernel_ops = {r["op"] for r in res["sections"]["kernels"]["result"]}
+    assert {"ppr_step", "personalized_pagerank", "top-k passages", "reference activation"} <= kernel_ops
+    assert all(r["max_abs_diff_vs_unfused"] < 1e-4 for r in res["sections"]["kernels"]["result"])
+
+
+def test_scaling_benchmark_writes_slopes_rows_and_plot(tmp_path):
+    out = tmp_path / "scaling.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.scaling", "--sizes", "1000", "2000", "--batch", "1", "4",
+                           "--scipy-questions", "2", "--min-questions", "2", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    assert set(res["slopes"]) >= {"build", "query"} and isinstance(res["slopes"]["build"], float)
+    keys = {"passages", "backend", "device", "batch", "queries_per_s", "build_s", "index_bytes", "peak_mem_bytes"}
+    assert len(res["rows"]) == 2 * 2 * 2 and all(keys <= set(r) for r in res["rows"])
+    assert {r["backend"] for r in res["rows"]} == {"torch", "scipy"}
+    assert out.with_suffix(".png").stat().st_size > 0

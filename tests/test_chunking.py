@@ -1,0 +1,48 @@
+"""A big batch runs in chunks sized from a memory budget; the answers must not depend on the chunking."""
+import pytest
+import torch
+
+from linearrag_torch import engine
+from linearrag_torch.config import RetrievalConfig
+from linearrag_torch.engine import BYTES_PER_NODE, DeviceGraph, parse_bytes, retrieve
+from linearrag_torch.synthetic import random_index, random_queries
+
+
+@pytest.mark.parametrize("mode", ["reference", "paper"])
+def test_chunked_batches_give_identical_results(mode):
+    index = random_index(300, 400, dim=16, seed=11)
+    queries = random_queries(index, 23, seed=12)
+    graph = DeviceGraph(index)
+    cfg = RetrievalConfig(mode=mode, delta=0.25, top_k=7)
+    whole = retrieve(graph, queries, cfg, memory_budget=1 << 40)
+    per_question = BYTES_PER_NODE * (index.num_passages + index.num_entities)
+    for chunk in (1, 4, 10):
+        assert graph.questions_per_chunk(chunk * per_question) == chunk
+        part = retrieve(graph, queries, cfg, memory_budget=chunk * per_question)
+        assert torch.equal(part.indices, whole.indices)
+        torch.testing.assert_close(part.scores, whole.scores, rtol=1e-6, atol=0)
+
+
+def test_chunked_trace_is_the_concatenation():
+    index = random_index(120, 150, dim=8, seed=13)
+    queries = random_queries(index, 9, seed=14)
+    graph = DeviceGraph(index)
+    cfg = RetrievalConfig(delta=0.2)
+    out1, tr1 = retrieve(graph, queries, cfg, trace=True, memory_budget=1 << 40)
+    out2, tr2 = retrieve(graph, queries, cfg, trace=True, memory_budget=2 * BYTES_PER_NODE * (120 + 150))
+    assert torch.equal(out1.indices, out2.indices)
+    assert torch.equal(tr1.is_seed, tr2.is_seed) and torch.equal(tr1.activation.tier, tr2.activation.tier)
+    torch.testing.assert_close(tr1.activation.reset, tr2.activation.reset)
+    assert torch.equal(tr1.dense, tr2.dense)
+
+
+def test_memory_budget_setting(monkeypatch):
+    assert parse_bytes("4G") == 4 << 30 and parse_bytes("512MiB") == 512 << 20 and parse_bytes("1000") == 1000
+    index = random_index(50, 60, dim=8, seed=1)
+    graph = DeviceGraph(index)
+    monkeypatch.setenv(engine.MEMORY_BUDGET_ENV, str(3 * BYTES_PER_NODE * (50 + index.num_entities)))
+    assert graph.questions_per_chunk() == 3
+    graph.memory_budget = 1  # the attribute wins over the environment; a chunk holds at least one question
+    assert graph.questions_per_chunk() == 1
+    monkeypatch.delenv(engine.MEMORY_BUDGET_ENV)
+    assert engine.default_memory_budget("cpu") >= 256 << 20

@@ -1,0 +1,341 @@
+"""The `linearrag` command line, run in-process through linearrag_torch.cli.main (plus one real subprocess).
+
+The models are loaded once per session (conftest.py) and handed to the CLI through the loaders it
+calls, so each command costs only its own work.
+"""
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from linearrag_torch import LinearRAG, api
+from linearrag_torch.cli import main
+from linearrag_torch.config import IndexConfig
+
+from conftest import demo_corpus, demo_questions, write_jsonl
+
+TINY_IDS = (469, 467, 368, 369, 1, 33, 98, 557, 561, 715)  # gold passages of demo questions 0, 17 and 7
+Q_THUNDER, Q_BORN_FIRST = demo_questions()[0], demo_questions()[17]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_models(nlp, encoder):
+    """Let the CLI reuse the session's default spaCy pipeline and encoder (other models load for real)."""
+    real_nlp, real_encoder = api._load_nlp, api._load_encoder
+    default = IndexConfig()
+
+    def load_nlp(cfg):
+        return nlp if cfg.spacy_model == default.spacy_model else real_nlp(cfg)
+
+    def load_encoder(cfg, device):
+        same = (cfg.encoder, cfg.max_length) == (default.encoder, default.max_length) and str(device) == "cpu"
+        return encoder if same else real_encoder(cfg, device)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(api, "_load_nlp", load_nlp)
+        mp.setattr(api, "_load_encoder", load_encoder)
+        yield
+
+
+@pytest.fixture(scope="module")
+def tiny_passages():
+    by_id = {p["id"]: p for p in demo_corpus()}
+    # string ids, so that the output must carry the corpus ids and not positions
+    return [{"id": f"d{i}", "title": by_id[i]["title"], "text": by_id[i]["text"]} for i in TINY_IDS]
+
+
+@pytest.fixture(scope="module")
+def tiny_corpus(tiny_passages, tmp_path_factory):
+    return write_jsonl(tmp_path_factory.mktemp("tiny") / "tiny.jsonl", tiny_passages)
+
+
+def run(capsys, *argv):
+    capsys.readouterr()
+    try:
+        rc = main([str(a) for a in argv])
+    except SystemExit as exc:  # argparse rejects a bad flag value with exit status 2
+        rc = exc.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture(scope="module")
+def tiny_index(tiny_corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "tiny_index"
+    rc = main(["index", str(tiny_corpus), str(out), "--quiet", "--device", "cpu"])
+    assert rc == 0
+    return out
+
+
+def query_json(capsys, index, *args):
+    rc, out, err = run(capsys, "query", index, *args, "--json", "--device", "cpu")
+    assert rc == 0, err
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def assert_same_hits(a, b, rel=1e-5):
+    """Same passages in the same order, scores equal up to float noise: a question's embedding depends
+    in the last bits on the other questions of its encoder batch (padding length)."""
+    assert [(h["id"], h["title"]) for h in a] == [(h["id"], h["title"]) for h in b]
+    assert [h["score"] for h in a] == pytest.approx([h["score"] for h in b], rel=rel, abs=1e-9)
+
+
+def snapshot(folder):
+    return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir())}
+
+
+# ---------------------------------------------------------------- index
+def test_index_writes_a_loadable_index(tiny_index, tiny_passages, tiny_corpus, capsys, tmp_path):
+    rag = LinearRAG.load(tiny_index, device="cpu")
+    assert rag.index.passage_ids == [p["id"] for p in tiny_passages]
+    assert rag.index.titles == [p["title"] for p in tiny_passages]
+    meta = json.loads((tiny_index / "index.json").read_text())
+    assert meta["counts"]["passages"] == 10 and meta["retrieval_config"]["mode"] == "reference"
+    # the summary line goes to stderr, stdout stays clean
+    rc, out, err = run(capsys, "index", tiny_corpus, tmp_path / "again", "--quiet", "--device", "cpu")
+    assert rc == 0 and out == ""
+    assert re.search(r"indexed 10 passages, \d+ sentences, \d+ entities", err)
+
+
+def test_index_stores_retrieval_settings_that_query_then_uses(tiny_corpus, tiny_index, capsys, tmp_path):
+    folder = tmp_path / "paper_index"
+    rc, _, err = run(capsys, "index", tiny_corpus, folder, "--quiet", "--device", "cpu", "--mode", "paper",
+                     "--delta", "0.3")
+    assert rc == 0, err
+    stored = json.loads((folder / "index.json").read_text())["retrieval_config"]
+    assert stored["mode"] == "paper" and stored["delta"] == 0.3
+    qs = [Q_THUNDER["question"], Q_BORN_FIRST["question"]]
+    # same corpus, same models: the stored settings must act like the flags on the default index
+    assert query_json(capsys, folder, *qs) == query_json(capsys, tiny_index, *qs, "--mode", "paper", "--delta", "0.3")
+
+
+# ---------------------------------------------------------------- query
+def test_query_json_prints_one_object_per_question(tiny_index, tiny_passages, capsys):
+    titles = {p["id"]: p["title"] for p in tiny_passages}
+    questions = [Q_THUNDER, Q_BORN_FIRST]
+    results = query_json(capsys, tiny_index, *[q["question"] for q in questions])
+    assert len(results) == 2
+    for i, (q, res) in enumerate(zip(questions, results)):
+        assert set(res) == {"id", "question", "hits"}
+        assert res["id"] == i and res["question"] == q["question"]
+        assert len(res["hits"]) == 5  # the default top_k
+        for h in res["hits"]:
+            assert set(h) == {"id", "score", "title"}
+            assert h["id"] in titles and h["title"] == titles[h["id"]]
+            assert isinstance(h["score"], float)
+        scores = [h["score"] for h in res["hits"]]
+        assert scores == sorted(scores, reverse=True)
+        assert len({h["id"] for h in res["hits"]}) == 5
+        # the top hit is a gold supporting passage of the demo question
+        assert res["hits"][0]["id"] in {f"d{s}" for s in q["supporting_ids"]}
+
+
+def test_query_top_k(tiny_index, capsys):
+    five = query_json(capsys, tiny_index, Q_THUNDER["question"])
+    three = query_json(capsys, tiny_index, Q_THUNDER["question"], "--top-k", "3")
+    assert len(three[0]["hits"]) == 3 and three[0]["hits"] == five[0]["hits"][:3]
+    everything = query_json(capsys, tiny_index, Q_THUNDER["question"], "--top-k", "50")
+    assert len(everything[0]["hits"]) == 10  # capped at the number of passages
+
+
+def test_query_questions_file_keeps_its_ids(tiny_index, capsys, tmp_path):
+    qfile = write_jsonl(tmp_path / "questions.jsonl", [
+        {"id": "alpha", "question": Q_BORN_FIRST["question"], "answers": ["x"]},
+        {"id": 17, "question": Q_THUNDER["question"]},
+        {"question": Q_THUNDER["question"]},
+    ])
+    from_file = query_json(capsys, tiny_index, "--questions", qfile)
+    assert [r["id"] for r in from_file] == ["alpha", 17, 2]
+    assert [r["question"] for r in from_file] == [Q_BORN_FIRST["question"], Q_THUNDER["question"], Q_THUNDER["question"]]
+    direct = query_json(capsys, tiny_index, Q_THUNDER["question"], Q_BORN_FIRST["question"])
+    assert_same_hits(from_file[1]["hits"], direct[0]["hits"])
+    assert_same_hits(from_file[2]["hits"], direct[0]["hits"])
+    assert_same_hits(from_file[0]["hits"], direct[1]["hits"])
+
+
+def test_query_scipy_backend_gives_the_same_ranking(tiny_index, capsys):
+    qs = [Q_THUNDER["question"], Q_BORN_FIRST["question"], "what is this about?"]
+    for mode in ("reference", "paper"):
+        a = query_json(capsys, tiny_index, *qs, "--mode", mode)
+        b = query_json(capsys, tiny_index, *qs, "--mode", mode, "--backend", "scipy")
+        for ra, rb in zip(a, b):
+            assert [h["id"] for h in ra["hits"]] == [h["id"] for h in rb["hits"]]
+            for ha, hb in zip(ra["hits"], rb["hits"]):
+                assert ha["score"] == pytest.approx(hb["score"], rel=1e-4)
+
+
+def test_query_batch_size_does_not_change_results(tiny_index, capsys):
+    qs = [Q_THUNDER["question"], Q_BORN_FIRST["question"], "what is this about?"]
+    one_by_one = query_json(capsys, tiny_index, *qs, "--batch-size", "1")
+    together = query_json(capsys, tiny_index, *qs)
+    assert [(r["id"], r["question"]) for r in one_by_one] == [(r["id"], r["question"]) for r in together]
+    for a, b in zip(one_by_one, together):
+        assert_same_hits(a["hits"], b["hits"])
+
+
+def test_query_batch_size_zero_answers_or_refuses(tiny_index, capsys):
+    qs = [Q_THUNDER["question"], Q_BORN_FIRST["question"]]
+    rc, out, err = run(capsys, "query", tiny_index, *qs, "--json", "--device", "cpu", "--batch-size", "0")
+    assert (rc == 2 and "batch" in err) or (rc == 0 and len(out.splitlines()) == len(qs))
+
+
+def test_query_readable_output(tiny_index, capsys):
+    qs = [Q_THUNDER["question"], Q_BORN_FIRST["question"]]
+    rc, out, err = run(capsys, "query", tiny_index, *qs, "--top-k", "4", "--device", "cpu")
+    assert rc == 0, err
+    want = query_json(capsys, tiny_index, *qs, "--top-k", "4")
+    lines = out.splitlines()
+    assert len(lines) == 2 * (1 + 4)
+    for b, res in enumerate(want):
+        block = lines[b * 5:(b + 1) * 5]
+        assert block[0] == f"Q {b}: {res['question']}"
+        for rank, (line, h) in enumerate(zip(block[1:], res["hits"]), 1):
+            m = re.fullmatch(r"  (\d+)\. \[(.+?)\] (.+)  score (\S+)", line)
+            assert m, line
+            assert int(m.group(1)) == rank and m.group(2) == h["id"] and m.group(3) == h["title"]
+            assert float(m.group(4)) == pytest.approx(h["score"], rel=1e-3)
+
+
+# ---------------------------------------------------------------- errors (exit status 2, message on stderr)
+def assert_error(rc, out, err, *words):
+    assert rc == 2
+    assert out == ""
+    assert re.search(r"^linearrag \w+: error: ", err, re.M), err  # ours, or argparse's after its usage line
+    for w in words:
+        assert str(w) in err, f"{w!r} not in {err!r}"
+
+
+def test_unknown_index_folder(capsys, tmp_path):
+    missing = tmp_path / "no_index_here"
+    assert_error(*run(capsys, "query", missing, "Who?", "--device", "cpu"), missing, "no such index folder")
+
+
+def test_folder_that_is_not_an_index(capsys, tmp_path):
+    assert_error(*run(capsys, "query", tmp_path, "Who?", "--device", "cpu"), tmp_path, "no index.json")
+
+
+@pytest.mark.parametrize("question", ["", "   "])
+def test_empty_question(tiny_index, capsys, question):
+    assert_error(*run(capsys, "query", tiny_index, "Who directed it?", question, "--device", "cpu"), "empty question")
+
+
+def test_no_question_at_all(tiny_index, capsys):
+    assert_error(*run(capsys, "query", tiny_index, "--device", "cpu"), "no question")
+
+
+def test_bad_questions_file(tiny_index, capsys, tmp_path):
+    qfile = tmp_path / "q.jsonl"
+    qfile.write_text('{"question": "Who?"}\n{"question": ""}\n', encoding="utf-8")
+    assert_error(*run(capsys, "query", tiny_index, "--questions", qfile, "--device", "cpu"), qfile, "line 2", "empty")
+
+
+def test_invalid_setting(tiny_index, capsys):
+    assert_error(*run(capsys, "query", tiny_index, "Who?", "--top-k", "0", "--device", "cpu"), "--top-k")
+    assert_error(*run(capsys, "query", tiny_index, "Who?", "--damping", "1.5", "--device", "cpu"), "damping")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_asked_for_without_cuda(tiny_index, capsys):
+    assert_error(*run(capsys, "query", tiny_index, "Who?", "--device", "cuda"), "CUDA")
+
+
+def test_corrupted_index(tiny_index, capsys, tmp_path):
+    folder = tmp_path / "corrupted"
+    shutil.copytree(tiny_index, folder)
+    tensors = json.loads((folder / "index.json").read_text())["files"]["tensors"]
+    data = bytearray((folder / tensors).read_bytes())
+    data[-5] ^= 0xFF
+    (folder / tensors).write_bytes(bytes(data))
+    assert_error(*run(capsys, "query", folder, "Who?", "--device", "cpu"), folder / tensors, "checksum")
+
+
+def test_bad_corpus_names_file_and_line(capsys, tmp_path):
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_text('{"text": "a"}\n{"text": "b"}\n{"text": oops}\n', encoding="utf-8")
+    out_dir = tmp_path / "out"
+    assert_error(*run(capsys, "index", corpus, out_dir, "--quiet", "--device", "cpu"), corpus, "line 3", "JSON")
+    assert not (out_dir / "index.json").exists()
+
+
+def test_failed_index_leaves_the_existing_index_untouched(tiny_index, capsys, tmp_path):
+    folder = tmp_path / "existing"
+    shutil.copytree(tiny_index, folder)
+    before = snapshot(folder)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n", encoding="utf-8")
+    dup = write_jsonl(tmp_path / "dup.jsonl", [{"id": 1, "text": "a"}, {"id": 1, "text": "b"}])
+    ok = write_jsonl(tmp_path / "ok.jsonl", [{"text": "Paris is the capital of France."}])
+    failures = [
+        (("index", empty, folder), ("no passages",)),
+        (("index", dup, folder), ("duplicate id", "line 2")),
+        (("index", tmp_path / "missing.jsonl", folder), ("no such file",)),
+        (("index", ok, folder, "--spacy-model", "no_such_spacy_model"), ("no_such_spacy_model",)),
+        (("index", ok, folder, "--encoder", tmp_path / "no_such_encoder"), ("no_such_encoder",)),
+    ]
+    for argv, words in failures:
+        assert_error(*run(capsys, *argv, "--quiet", "--device", "cpu"), *words)
+        assert snapshot(folder) == before, argv
+    loaded = LinearRAG.load(folder, device="cpu")
+    assert loaded.index.num_passages == 10
+    assert query_json(capsys, folder, Q_THUNDER["question"]) == query_json(capsys, tiny_index, Q_THUNDER["question"])
+
+
+# ---------------------------------------------------------------- demo
+def test_demo_answers_bundled_questions_from_a_cached_index(small_index_dir, capsys, tmp_path):
+    """The demo caches its index under demo-<sha256 of the bundled corpus>; with the small index placed
+    there it loads it instead of indexing 300 passages, and prints seeds, hits and recall."""
+    import hashlib
+
+    from conftest import DATA
+
+    digest = hashlib.sha256((DATA / "demo_corpus.jsonl").read_bytes()).hexdigest()[:12]
+    shutil.copytree(small_index_dir, tmp_path / f"demo-{digest}")
+    rc, out, err = run(capsys, "demo", "--questions", "2", "--top-k", "3", "--cache", tmp_path, "--device", "cpu")
+    assert rc == 0, err
+    assert "Loaded the demo index" in err
+    questions = demo_questions()
+    for q in questions[:2]:
+        assert f"Q: {q['question']}" in out
+    assert f"Q: {questions[2]['question']}" not in out
+    assert "seeds: " in out
+    assert re.search(r"^ \*1\. Thunder on the Hill  score ", out, re.M)  # gold passages are starred
+    assert re.search(r"On all 40 bundled questions: recall@2 [\d.]+, recall@5 [\d.]+", out)
+
+
+# ---------------------------------------------------------------- help
+@pytest.mark.parametrize("argv, words", [
+    (["--help"], ["index", "query", "demo"]),
+    (["query", "--help"], ["--top-k", "--questions", "--json", "--backend", "--mode", "--delta"]),
+    (["index", "--help"], ["CORPUS.jsonl", "INDEX_DIR", "--spacy-model", "--encoder", "--device"]),
+])
+def test_help(capsys, argv, words):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: linearrag")
+    for w in words:
+        assert w in out
+
+
+def test_usage_errors_exit_2(capsys):
+    for argv in ([], ["frobnicate"], ["query"], ["query", "idx", "q", "--mode", "sideways"]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2, argv
+        assert "usage: linearrag" in capsys.readouterr().err
+
+
+def test_console_script_help():
+    exe = Path(sys.executable).with_name("linearrag")
+    if not exe.exists():
+        exe = shutil.which("linearrag")
+    assert exe, "the console script `linearrag` is not installed (pip install -e .)"
+    proc = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: linearrag") and "query" in proc.stdout
