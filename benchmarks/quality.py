@@ -362,14 +362,14 @@ def fmt(v, w=7):
 
 
 def print_table(title: str, systems: dict, key="overall", file=sys.stdout):
-    hdr = f"{'system':<16}" + "".join(f"{'R@' + str(k):>7}" for k in RECALL_KS) + f"{'AiC@5':>7}{'ms/q':>9}{'n':>6}"
+    hdr = f"{'system':<18}" + "".join(f"{'R@' + str(k):>7}" for k in RECALL_KS) + f"{'AiC@5':>7}{'ms/q':>9}{'n':>6}"
     print(f"\n{title}", file=file)
     print(hdr, file=file)
     print("-" * len(hdr), file=file)
     for name, s in systems.items():
         m = s[key]
         ms = s.get("retrieve_ms_per_question")
-        print(f"{name:<16}" + "".join(fmt(m.get(f"recall@{k}")) for k in RECALL_KS) + fmt(m.get("aic@5"))
+        print(f"{name:<18}" + "".join(fmt(m.get(f"recall@{k}")) for k in RECALL_KS) + fmt(m.get("aic@5"))
               + (f"{ms:>9.2f}" if ms is not None else f"{'-':>9}") + f"{m['n']:>6}", file=file)
 
 

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 from linearrag_torch import reference  # noqa: E402
 from linearrag_torch.config import IndexConfig, RetrievalConfig  # noqa: E402
-from linearrag_torch.engine import DeviceGraph, retrieve  # noqa: E402
+from linearrag_torch.engine import DeviceGraph, retrieve, slice_queries  # noqa: E402
 from linearrag_torch.synthetic import (  # noqa: E402
     index_from_mentions, random_embeddings, random_mentions, random_queries,
 )
@@ -37,9 +37,10 @@ from linearrag_torch.synthetic import (  # noqa: E402
 DATE = "2026-11-30"  # the date of our recorded runs (benchmarks/results/scaling_cpu.json)
 DEFAULT_SIZES = (10_000, 30_000, 100_000, 300_000, 1_000_000)
 DEFAULT_BATCHES = (1, 64, 1024)
-# used when no real corpus was measured: the 2WikiMultiHopQA statistics of our run
-DEFAULT_STATS = {"sentences_per_passage": 3.2, "entities_per_sentence": 2.1, "vocabulary_per_passage": 2.0,
-                 "zipf": 0.9, "extra_ratio": 0.3}
+# used when no real corpus was measured: the generator calibrated on 2WikiMultiHopQA in our run
+# (benchmarks/results/scaling_cpu.json, "generator")
+DEFAULT_STATS = {"sentences_per_passage": 4.53, "entities_per_sentence": 4.375, "vocabulary_per_passage": 23.07,
+                 "zipf": 0.68, "extra_ratio": 2.63, "repeat": 0.705}
 
 
 # ----------------------------------------------------------------------------------------- memory
@@ -196,7 +197,9 @@ def calibrate_generator(stats: dict, max_passages: int = 20_000, rounds: int = 1
         lam *= want["M/S"] / got["M/S"]
         rep = min(0.95, max(0.0, rep + 0.8 * (got["C/P"] - want["C/P"]) / max(got["C/P"], 1e-9)))
         vpp *= (want["E/P"] / got["E/P"]) ** 1.5
-    return {"entities_per_sentence": lam, "repeat": rep, "vocabulary_per_passage": vpp,
+    # N's extra pairs are drawn per raw mention (before a sentence's repeats collapse): rescale
+    extra = stats["extra_ratio"] * got["M/S"] * m.sentences / max(m.ent.numel(), 1)
+    return {"entities_per_sentence": lam, "repeat": rep, "vocabulary_per_passage": vpp, "extra_ratio": extra,
             "calibration_passages": P, "achieved": got, "target": want}
 
 
@@ -235,23 +238,55 @@ def build(passages: int, stats: dict, dim: int, device: torch.device, seed: int 
     return index, graph, info
 
 
-def time_torch(graph, index, batch: int, cfg, device, min_questions: int, seed: int):
-    """queries/s of engine.retrieve at batch size ``batch`` (calls repeated until min_questions are done)."""
+def time_torch(graph, index, batch: int, cfg, device, min_questions: int, seed: int, max_call_s: float = 150.0):
+    """queries/s of engine.retrieve at batch size ``batch`` (calls repeated until min_questions are done).
+
+    The engine runs a batch as independent chunks of graph.questions_per_chunk() questions; when a whole
+    batch would take longer than ``max_call_s``, only some of its chunks are timed (at least 2, each a
+    retrieve call on that chunk's questions) and the row says so ("chunks_timed" of "chunks")."""
     retrieve(graph, random_queries(index, 2, seed=seed + 99), cfg)  # warm-up: first-call allocations
-    calls, questions, total = 0, 0, 0.0
+    chunk = graph.questions_per_chunk()
+    n_chunks = -(-batch // chunk)
     base = reset_peak_memory(device)
-    while questions < max(batch, min_questions) or calls == 0:
-        q = random_queries(index, batch, seed=seed + calls)
+    extra = {}
+    if n_chunks > 2:
+        q = random_queries(index, batch, seed=seed)
         _sync(device)
         t = time.perf_counter()
-        retrieve(graph, q, cfg)
+        retrieve(graph, slice_queries(q, 0, chunk), cfg)
         _sync(device)
-        total += time.perf_counter() - t
-        calls += 1
-        questions += batch
+        if (time.perf_counter() - t) * n_chunks <= max_call_s:  # the whole batch fits: time it whole
+            n_chunks = 0
+    if n_chunks > 2:
+        times = []
+        for c in range(n_chunks):  # chunk by chunk, until the time limit (then extrapolate)
+            sub = slice_queries(q, c * chunk, min(batch, (c + 1) * chunk))
+            _sync(device)
+            t = time.perf_counter()
+            retrieve(graph, sub, cfg)
+            _sync(device)
+            times.append(time.perf_counter() - t)
+            if c >= 1 and sum(times) / (c + 1) * n_chunks > max_call_s and sum(times) > max_call_s / 4:
+                break
+        questions = min(batch, len(times) * chunk)
+        total = sum(times)
+        calls = 1
+        extra = {"chunks": n_chunks, "chunks_timed": len(times)}
+        if len(times) < n_chunks:
+            extra["estimated_batch_s"] = total / questions * batch
+    else:
+        calls, questions, total = 0, 0, 0.0
+        while questions < max(batch, min_questions) or calls == 0:
+            q = random_queries(index, batch, seed=seed + calls)
+            _sync(device)
+            t = time.perf_counter()
+            retrieve(graph, q, cfg)
+            _sync(device)
+            total += time.perf_counter() - t
+            calls += 1
+            questions += batch
     return {"queries_per_s": questions / total, "seconds": total, "questions_timed": questions, "calls": calls,
-            "questions_per_chunk": graph.questions_per_chunk(), "peak_mem_bytes": peak_memory(device),
-            "mem_before_bytes": base}
+            "questions_per_chunk": chunk, **extra, "peak_mem_bytes": peak_memory(device), "mem_before_bytes": base}
 
 
 def time_scipy(index, prepared, batch: int, cfg, max_questions: int, seed: int):
@@ -282,10 +317,12 @@ def run_size(passages, stats, args, device, log):
     common = {"passages": passages, "build_s": info["build_s"], "index_bytes": info["index_bytes"]}
     for batch in args.batch:
         if "torch" in args.backends:
-            r = time_torch(graph, index, batch, cfg, device, args.min_questions, args.seed + 1000 * batch)
+            r = time_torch(graph, index, batch, cfg, device, args.min_questions, args.seed + 1000 * batch,
+                           args.max_call_s)
             rows.append({**common, "backend": "torch", "device": str(device), "batch": batch, **r})
+            part = f", {r['chunks_timed']} of {r['chunks']} chunks of {r['questions_per_chunk']}" if "chunks" in r else ""
             log(f"    torch {str(device):>5} batch {batch:>5}: {r['queries_per_s']:9.2f} q/s "
-                f"({r['questions_timed']} questions, peak {r['peak_mem_bytes'] / 2**30:.2f} GiB)")
+                f"({r['questions_timed']} questions{part}, peak {r['peak_mem_bytes'] / 2**30:.2f} GiB)")
     del graph  # the scipy reference's float64 copies take its place in memory
     gc.collect()
     if "scipy" in args.backends:
@@ -408,6 +445,8 @@ def main(argv=None) -> int:
                     help="torch (and BLAS) threads; 1 by default: on a shared machine it gives steady numbers")
     ap.add_argument("--scipy-questions", type=int, default=8, help="questions the scipy reference is timed on")
     ap.add_argument("--min-questions", type=int, default=8, help="time torch calls until this many questions ran")
+    ap.add_argument("--max-call-s", type=float, default=150.0,
+                    help="time only some chunks of a batch that would take longer than this (see time_torch)")
     ap.add_argument("--memory-budget", default=None, help="engine working-memory budget, e.g. 4G (default: engine's)")
     ap.add_argument("--real", type=Path, default=None, help="real corpus folder (corpus.jsonl) to measure statistics on")
     ap.add_argument("--encode-sample", type=int, default=256, help="texts per kind encoded to estimate encoding time")
@@ -439,7 +478,15 @@ def main(argv=None) -> int:
         real = measure_real_corpus(args.real, args.encode_sample, args.seed)
         log(json.dumps({k: real["stats"][k] for k in ("passages", "sentences_per_passage", "entities_per_sentence",
                                                         "entities_per_passage", "zipf", "vocabulary_per_passage")}))
-    stats = {k: real["stats"][k] for k in DEFAULT_STATS} if real else dict(DEFAULT_STATS)
+    generator = old.get("generator")
+    if real and (args.real is not None or not generator):
+        log("calibrating the generator on the real statistics ...")
+        generator = calibrate_generator(real["stats"], seed=args.seed)
+    stats = dict(DEFAULT_STATS)
+    if real:
+        stats.update({k: real["stats"][k] for k in ("sentences_per_passage", "zipf")})
+        stats.update({k: generator[k] for k in ("entities_per_sentence", "repeat", "vocabulary_per_passage",
+                                                "extra_ratio")})
     sizes = {s["passages"]: s for s in old.get("sizes", [])}
     rows = [r for r in old.get("rows", []) if r["passages"] not in args.sizes
             or r["backend"] not in args.backends or r["batch"] not in args.batch
@@ -451,7 +498,8 @@ def main(argv=None) -> int:
         result = {
             "benchmark": "scaling", "date": DATE, "machine": machine(device, args.threads),
             "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.scaling"] + (argv or sys.argv[1:])),
-            "config": RetrievalConfig().to_dict(), "synthetic_stats": stats, "real_corpus": real,
+            "config": RetrievalConfig().to_dict(), "synthetic_stats": stats, "generator": generator,
+            "real_corpus": real,
             "sizes": sorted(sizes.values(), key=lambda s: s["passages"]),
             "rows": sorted(rows, key=lambda r: (r["passages"], r["backend"], r["batch"])),
         }

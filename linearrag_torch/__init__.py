@@ -7,11 +7,11 @@
 from .api import Hit, LinearRAG, resolve_device
 from .config import IndexConfig, RetrievalConfig
 from .corpus import InputError, Passage, read_corpus
-from .index import IndexFormatError, TriGraphIndex
+from .index import IndexFormatError, IndexLockedError, TriGraphIndex
 from .queries import EncodedQueries, Retrieved
 
 __all__ = [
-    "EncodedQueries", "Hit", "IndexConfig", "IndexFormatError", "InputError", "LinearRAG", "Passage",
+    "EncodedQueries", "Hit", "IndexConfig", "IndexFormatError", "IndexLockedError", "InputError", "LinearRAG", "Passage",
     "RetrievalConfig", "Retrieved", "TriGraphIndex", "read_corpus", "resolve_device",
 ]
 __version__ = "0.1.0"

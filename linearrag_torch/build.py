@@ -22,7 +22,7 @@ from .corpus import Passage, PassageId, check_new_ids
 from .counting import count_occurrences
 from .encoding import Encoder
 from .index import NER_PARTS, NerRecord, TokenKeys, TriGraphIndex
-from .nlp import PassageAnalysis, analyse_passages, bind_title, load_spacy
+from .nlp import analyse_passages, bind_title, load_spacy
 from .sparse import Csr
 
 

@@ -160,6 +160,9 @@ class PPRGraph:
         return new_p, new_e, dangling
 
 
+TRACE_CHANGES: list | None = None  # tests: set to a list to receive each step's L1 change per column [B]
+
+
 class _ActiveLeaves:
     """The leaves with reset mass, tracked one by one (pairs (leaf e, column b)); every other leaf of
     a passage moves in step with its bucket. Adds their exact share of the L1 change to each step."""
@@ -259,6 +262,8 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
         change = kernels.ppr_step(graph, xp, xe, wrp, wre, d, bp, be)
         if active is not None and active.e.numel():
             change = change + _leaf_correction(active, live, w, xp_at, L_old, be, c, running, d)
+        if TRACE_CHANGES is not None:
+            TRACE_CHANGES.append(torch.full_like(total, float("nan")).index_copy_(0, cols, change))
         xp, bp, xe, be = bp, xp, be, xe  # the new iterate; the old one is scratch
         # the L1 change shrinks by at least d per step in exact arithmetic; once it stops shrinking the
         # column sits at the float rounding floor (about 1e-7 in float32), where more steps change nothing

@@ -3,20 +3,18 @@ JSON thrown at the corpus reader, at `linearrag add/delete/index`, at add/delete
 index loader. Each must give a correct result or a clear error, and a failure never changes an index.
 """
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
 
-from linearrag_torch import InputError, LinearRAG, Passage
+from linearrag_torch import InputError, Passage
 from linearrag_torch.build import add_passages, build_index, delete_passages
 from linearrag_torch.cli import main
 from linearrag_torch.corpus import read_corpus
 from linearrag_torch.index import IndexFormatError, TriGraphIndex
 
 from test_index_io import sample_index
-from test_updates import assert_same_graph, shared_models, snapshot  # noqa: F401 (a fixture)
+from test_updates import assert_same_graph, one_thread, shared_models, snapshot  # noqa: F401 (fixtures)
 
 SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                         HealthCheck.too_slow])
@@ -79,7 +77,14 @@ def base_passages():
 
 @pytest.fixture(scope="module")
 def base_index(base_passages, nlp, encoder):
-    return build_index(base_passages, nlp=nlp, encoder=encoder, progress=False)
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # see test_updates.one_thread
+    try:
+        return build_index(base_passages, nlp=nlp, encoder=encoder, progress=False)
+    finally:
+        torch.set_num_threads(n)
 
 
 @settings(max_examples=8, **SETTINGS)
@@ -89,7 +94,8 @@ def base_index(base_passages, nlp, encoder):
 @example([("Paris is the capital of France. Victor Hugo lived in Paris.", "Paris"),
           ("Victor Hugo was born in Besançon, France. He died in Paris.", "Victor Hugo"),  # = b0
           ("PARIS\x00 \u2028 Zürich\n\nMarie Curie.", "")], __import__("random").Random(0))
-def test_add_and_delete_of_arbitrary_text_equal_fresh_builds(base_index, base_passages, nlp, encoder, new, rnd):
+def test_add_and_delete_of_arbitrary_text_equal_fresh_builds(base_index, base_passages, nlp, encoder, one_thread,
+                                                             new, rnd):
     added = [Passage(f"n{i}", title, text) for i, (text, title) in enumerate(new)]
     everything = base_passages + added
     grown = add_passages(base_index, added, nlp=nlp, encoder=encoder, progress=False)

@@ -21,14 +21,24 @@ import torch
 from linearrag_torch import InputError, LinearRAG, Passage, api
 from linearrag_torch.build import add_passages, build_index, delete_passages
 from linearrag_torch.cli import main
-from linearrag_torch.config import IndexConfig
-from linearrag_torch.index import KEY_PARTS, MATRICES, NER_PARTS, PAUSE_ENV, IndexFormatError, IndexLockedError, TriGraphIndex, index_lock
+from linearrag_torch.index import (KEY_PARTS, MATRICES, NER_PARTS, PAUSE_ENV, IndexFormatError, IndexLockedError,
+                                   TriGraphIndex, index_lock)
 
 from conftest import demo_questions, small_passages, write_jsonl
 
 QUESTIONS = [q["question"] for q in demo_questions()]
 EMB_TOL = 1e-6  # embeddings of one text encoded in different batches
 SCORE_TOL = 1e-5
+
+
+@pytest.fixture
+def one_thread():
+    """For tests on a few short texts: one torch thread. On a busy machine two threads that wait for
+    each other make each small encoder call 10x slower (1.5 s instead of 0.1 s for three texts)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def rag_of(index, nlp, encoder):
@@ -128,7 +138,7 @@ def test_delete_equals_a_build_without_the_passages(small_rag, without_gone, nlp
     assert_same_answers(rag, fresh)
 
 
-def test_duplicate_texts_shared_sentences_and_case_variants(nlp, encoder):
+def test_duplicate_texts_shared_sentences_and_case_variants(nlp, encoder, one_thread):
     """Two passages with one text stay two passages; a sentence in two passages is one node whose M row
     is the union; entities equal up to case share one vector and so tie exactly, after add as in a build."""
     base = [
@@ -160,7 +170,7 @@ def test_duplicate_texts_shared_sentences_and_case_variants(nlp, encoder):
         assert_same_graph(rag.index, build([p for p in base + more if p["id"] not in gone], nlp, encoder).index)
 
 
-def test_equal_tokens_are_found_by_hash_and_checked(nlp, encoder, monkeypatch):
+def test_equal_tokens_are_found_by_hash_and_checked(nlp, encoder, monkeypatch, one_thread):
     """Old texts with the new text's tokens are found by the stored token hashes; every hash colliding
     changes nothing (the tokens are compared); an index without stored hashes gets them computed."""
     import dataclasses
@@ -211,7 +221,7 @@ def test_build_refuses_duplicate_ids_in_a_list(nlp, encoder):
         build([{"id": "x", "text": "a"}, {"id": "y", "text": "b"}, {"id": "x", "text": "c"}], nlp, encoder)
 
 
-def test_missing_ids_continue_the_numbering(nlp, encoder, tmp_path):
+def test_missing_ids_continue_the_numbering(nlp, encoder, tmp_path, one_thread):
     texts = ["Rome is in Italy.", "Madrid is in Spain.", "Lisbon is in Portugal."]
     base = build(write_jsonl(tmp_path / "base.jsonl", [{"text": t} for t in texts[:2]]), nlp, encoder)
     base.add(write_jsonl(tmp_path / "more.jsonl", [{"text": texts[2]}]))
@@ -249,7 +259,7 @@ def test_an_index_without_ner_record_still_deletes(small_rag, without_gone, nlp,
                         encoder=encoder).ner is None
 
 
-def test_build_is_an_add_to_an_empty_index(nlp, encoder):
+def test_build_is_an_add_to_an_empty_index(nlp, encoder, one_thread):
     ps = [Passage(i, "", t) for i, t in enumerate(["Rome is in Italy.", "Madrid is in Spain."])]
     with pytest.raises(ValueError, match="zero passages"):
         build_index([], nlp=nlp, encoder=encoder)

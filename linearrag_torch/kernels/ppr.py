@@ -57,7 +57,19 @@ def _ppr_step_torch(graph, xp, xe, rp, re, d, g, out_p, out_e):
         torch.addmm(re, graph.to_entities, xp, beta=1.0 - d, alpha=d, out=out_e)
     if graph.between_passages is not None:
         out_p.addmm_(graph.between_passages, xp, alpha=d)
-    return xp.sub_(out_p).abs_().sum(0) + xe.sub_(out_e).abs_().sum(0)
+    # column sums of |x' - x| as ones @ |x' - x|: a GEMM reads the rows faster than sum(0) on CPU
+    ones_p, ones_e = _ones(graph, xp), _ones(graph, xe)
+    change = torch.mm(ones_p, xp.sub_(out_p).abs_())
+    return change.addmm_(ones_e, xe.sub_(out_e).abs_()).view(-1)
+
+
+def _ones(graph, x: torch.Tensor) -> torch.Tensor:
+    """A [1, rows] row of ones for x's rows, cached on the graph object."""
+    cache = graph.__dict__.setdefault("_ones", {})
+    key = (x.shape[0], x.device, x.dtype)
+    if key not in cache:
+        cache[key] = torch.ones(1, x.shape[0], dtype=x.dtype, device=x.device)
+    return cache[key]
 
 
 def ppr_step_reference(graph: "PPRGraph", xp, xe, rp, re, damping):
