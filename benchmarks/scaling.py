@@ -249,6 +249,7 @@ def time_torch(graph, index, batch: int, cfg, device, min_questions: int, seed: 
     n_chunks = -(-batch // chunk)
     base = reset_peak_memory(device)
     extra = {}
+    cpu = 0.0
     if n_chunks > 2:
         q = random_queries(index, batch, seed=seed)
         _sync(device)
@@ -262,10 +263,11 @@ def time_torch(graph, index, batch: int, cfg, device, min_questions: int, seed: 
         for c in range(n_chunks):  # chunk by chunk, until the time limit (then extrapolate)
             sub = slice_queries(q, c * chunk, min(batch, (c + 1) * chunk))
             _sync(device)
-            t = time.perf_counter()
+            t, tc = time.perf_counter(), time.process_time()
             retrieve(graph, sub, cfg)
             _sync(device)
             times.append(time.perf_counter() - t)
+            cpu += time.process_time() - tc
             if c >= 1 and sum(times) / (c + 1) * n_chunks > max_call_s and sum(times) > max_call_s / 4:
                 break
         questions = min(batch, len(times) * chunk)
@@ -279,13 +281,15 @@ def time_torch(graph, index, batch: int, cfg, device, min_questions: int, seed: 
         while questions < max(batch, min_questions) or calls == 0:
             q = random_queries(index, batch, seed=seed + calls)
             _sync(device)
-            t = time.perf_counter()
+            t, tc = time.perf_counter(), time.process_time()
             retrieve(graph, q, cfg)
             _sync(device)
             total += time.perf_counter() - t
+            cpu += time.process_time() - tc
             calls += 1
             questions += batch
-    return {"queries_per_s": questions / total, "seconds": total, "questions_timed": questions, "calls": calls,
+    return {"queries_per_s": questions / total, "seconds": total, "cpu_seconds": cpu,
+            "queries_per_cpu_s": questions / cpu if cpu else None, "questions_timed": questions, "calls": calls,
             "questions_per_chunk": chunk, **extra, "peak_mem_bytes": peak_memory(device), "mem_before_bytes": base}
 
 
@@ -294,15 +298,17 @@ def time_scipy(index, prepared, batch: int, cfg, max_questions: int, seed: int):
     at a time, so its rate does not depend on the batch; the per-index prepare() is excluded)."""
     n = min(batch, max_questions)
     calls = max(1, max_questions // batch) if batch < max_questions else 1
-    total, questions = 0.0, 0
+    total, cpu, questions = 0.0, 0.0, 0
     base = reset_peak_memory(torch.device("cpu"))
     for c in range(calls):
         q = random_queries(index, n, seed=seed + c)
-        t = time.perf_counter()
+        t, tc = time.perf_counter(), time.process_time()
         reference.retrieve(index, q, cfg, prepared=prepared)
         total += time.perf_counter() - t
+        cpu += time.process_time() - tc
         questions += n
-    return {"queries_per_s": questions / total, "seconds": total, "questions_timed": questions, "calls": calls,
+    return {"queries_per_s": questions / total, "seconds": total, "cpu_seconds": cpu,
+            "queries_per_cpu_s": questions / cpu if cpu else None, "questions_timed": questions, "calls": calls,
             "peak_mem_bytes": peak_memory(torch.device("cpu")), "mem_before_bytes": base}
 
 
@@ -322,7 +328,8 @@ def run_size(passages, stats, args, device, log):
             rows.append({**common, "backend": "torch", "device": str(device), "batch": batch, **r})
             part = f", {r['chunks_timed']} of {r['chunks']} chunks of {r['questions_per_chunk']}" if "chunks" in r else ""
             log(f"    torch {str(device):>5} batch {batch:>5}: {r['queries_per_s']:9.2f} q/s "
-                f"({r['questions_timed']} questions{part}, peak {r['peak_mem_bytes'] / 2**30:.2f} GiB)")
+                f"({r['questions_timed']} questions{part}, {r['queries_per_cpu_s'] or 0:.2f} per CPU-second, "
+                f"peak {r['peak_mem_bytes'] / 2**30:.2f} GiB)")
     del graph  # the scipy reference's float64 copies take its place in memory
     gc.collect()
     if "scipy" in args.backends:
@@ -332,7 +339,8 @@ def run_size(passages, stats, args, device, log):
         for batch in args.batch:
             r = time_scipy(index, prepared, batch, cfg, args.scipy_questions, args.seed + 1000 * batch)
             rows.append({**common, "backend": "scipy", "device": "cpu", "batch": batch, "prepare_s": prepare_s, **r})
-            log(f"    scipy   cpu batch {batch:>5}: {r['queries_per_s']:9.2f} q/s ({r['questions_timed']} questions)")
+            log(f"    scipy   cpu batch {batch:>5}: {r['queries_per_s']:9.2f} q/s ({r['questions_timed']} questions, "
+                f"{r['queries_per_cpu_s']:.2f} per CPU-second)")
         del prepared
     return info, rows
 
@@ -361,16 +369,19 @@ def summarise(result: dict) -> dict:
     for backend in sorted({r["backend"] for r in rows}):
         for batch in sorted({r["batch"] for r in rows if r["backend"] == backend}):
             per[f"{backend}_batch{batch}"] = fit_slope(*seconds_per_batch(backend, batch))
-    ratios = {}
+    ratios, ratios_cpu = {}, {}
     for r in rows:
         if r["backend"] != "torch":
             continue
         s = [x for x in rows if x["backend"] == "scipy" and x["passages"] == r["passages"] and x["batch"] == r["batch"]]
         if s:
             ratios.setdefault(str(r["passages"]), {})[str(r["batch"])] = r["queries_per_s"] / s[0]["queries_per_s"]
+            if r.get("queries_per_cpu_s") and s[0].get("queries_per_cpu_s"):
+                ratios_cpu.setdefault(str(r["passages"]), {})[str(r["batch"])] = (
+                    r["queries_per_cpu_s"] / s[0]["queries_per_cpu_s"])
     big = max((r["batch"] for r in rows if r["backend"] == "torch"), default=None)
     return {"slopes": {"build": build, "query": per.get(f"torch_batch{big}"), "query_batch": big, "per_backend_batch": per},
-            "torch_over_scipy": ratios}
+            "torch_over_scipy": ratios, "torch_over_scipy_cpu_time": ratios_cpu}
 
 
 def plot(result: dict, png: Path) -> None:
@@ -507,7 +518,7 @@ def main(argv=None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1))  # after every size: a long run keeps what it did
     plot(result, args.png or args.json.with_suffix(".png"))
-    log(json.dumps({"slopes": result["slopes"], "torch_over_scipy": result["torch_over_scipy"]}, indent=1))
+    log(json.dumps({k: result[k] for k in ("slopes", "torch_over_scipy", "torch_over_scipy_cpu_time")}, indent=1))
     return 0
 
 

@@ -120,10 +120,11 @@ def random_mentions(passages: int, vocabulary: int, sentences_per_passage: float
     S = int(n_sent.sum())
     sent_passage = torch.repeat_interleave(torch.arange(P), n_sent)
     n_ent = torch.poisson(torch.full((S,), float(entities_per_sentence) - 1), generator=gen).long() + 1
-    weights = 1.0 / torch.arange(1, vocabulary + 1, dtype=torch.float64) ** zipf
+    cdf = torch.cumsum(1.0 / torch.arange(1, vocabulary + 1, dtype=torch.float64) ** zipf, 0)
     draws = int(n_ent.sum())
-    ent = torch.cat([torch.multinomial(weights, min(draws - i, 1 << 24), replacement=True, generator=gen)
-                     for i in range(0, draws, 1 << 24)])  # multinomial takes at most 2^24 samples a call
+    # inverse-CDF sampling (torch.multinomial takes at most 2^24 categories)
+    ent = torch.searchsorted(cdf, torch.rand(draws, dtype=torch.float64, generator=gen) * cdf[-1], right=True)
+    ent = ent.clamp_(max=vocabulary - 1)
     ent_sentence = torch.repeat_interleave(torch.arange(S), n_ent)
     if repeat > 0:  # mention i, the j-th of its passage, may name the entity of an earlier mention of it
         per_passage = torch.zeros(P, dtype=torch.int64).index_add_(0, sent_passage, n_ent)
