@@ -278,6 +278,9 @@ def main(argv=None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     args = parser().parse_args(argv)
     from .corpus import InputError
+    from .memory import keep_freed_memory
+
+    keep_freed_memory()  # this process is ours: reuse freed memory instead of faulting it in again
     from .index import IndexFormatError
 
     try:

@@ -11,6 +11,29 @@ from dataclasses import dataclass
 import torch
 
 
+# On the CPU, building a CSR from unsorted coordinates and transposing one go through scipy.sparse, whose
+# conversions are counting sorts (linear in the entries; 2-3x faster than a torch argsort at 20M entries,
+# and the gap grows with size). The torch paths (argsort) serve other devices; tests compare the two.
+USE_SCIPY = True
+
+
+def _scipy_coo_to_csr(row, col, val, shape) -> "Csr":
+    import scipy.sparse as sp
+
+    m = sp.coo_matrix((val.numpy(), (row.numpy(), col.numpy())), shape=shape).tocsr()
+    m.sum_duplicates()  # canonical: columns ascending within rows, repeats summed (float32, as the torch path)
+    return Csr(torch.from_numpy(m.indptr).long(), torch.from_numpy(m.indices).long(),
+               torch.from_numpy(m.data).float(), tuple(shape))
+
+
+def _scipy_transpose(a: "Csr") -> "Csr":
+    import scipy.sparse as sp
+
+    m = sp.csr_matrix((a.val.float().numpy(), a.col.numpy(), a.crow.numpy()), shape=a.shape).T.tocsr()
+    return Csr(torch.from_numpy(m.indptr).long(), torch.from_numpy(m.indices).long(),
+               torch.from_numpy(m.data).float(), (a.shape[1], a.shape[0]))
+
+
 @dataclass
 class Csr:
     """A rows x cols sparse matrix: row r holds col[crow[r]:crow[r+1]] with values val[...]."""
@@ -41,9 +64,23 @@ class Csr:
     def from_coo(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor, shape) -> "Csr":
         """Build from coordinates (duplicates are summed)."""
         nrows, ncols = shape
+        v = val.float()
+        scipy_path = row.device.type == "cpu" and USE_SCIPY
+        if scipy_path and row.numel() > 1 and not bool((row[1:] >= row[:-1]).all()):
+            return _scipy_coo_to_csr(row, col, v, shape)  # rows out of order: no need to form the keys
         key = row.to(torch.int64) * max(ncols, 1) + col.to(torch.int64)
-        key, inv = torch.unique(key, sorted=True, return_inverse=True)
-        v = torch.zeros(key.numel(), dtype=torch.float32, device=val.device).index_add_(0, inv, val.float())
+        if key.numel() > 1 and not bool((key[1:] > key[:-1]).all()):  # unless sorted without duplicates
+            if scipy_path:
+                return _scipy_coo_to_csr(row, col, v, shape)
+            order = torch.argsort(key, stable=True)
+            key, v = key.index_select(0, order), v.index_select(0, order)
+            first = torch.ones(key.numel(), dtype=torch.bool, device=key.device)
+            first[1:] = key[1:] != key[:-1]
+            if not bool(first.all()):  # duplicates: sum each run of equal keys
+                v = torch.zeros(int(first.sum()), dtype=torch.float32, device=v.device).index_add_(
+                    0, torch.cumsum(first, 0) - 1, v)
+                key = key[first]
+        v = v.clone() if v is val else v
         r = key // max(ncols, 1)
         crow = torch.zeros(nrows + 1, dtype=torch.int64, device=row.device)
         crow[1:] = torch.cumsum(torch.bincount(r, minlength=nrows), 0)
@@ -60,8 +97,20 @@ class Csr:
         return Csr.from_coo(self.row_index(), self.col, self.val, self.shape)
 
     def transpose(self) -> "Csr":
-        """The transpose as a real CSR (not torch's CSC view)."""
-        return Csr.from_coo(self.col, self.row_index(), self.val, (self.shape[1], self.shape[0]))
+        """The transpose as a real CSR (not torch's CSC view). A stable sort of the entries by column
+        keeps each new row's columns (the old rows) ascending; duplicates, if any, are summed."""
+        rows = self.row_index()
+        if self.nnz > 1 and bool(((rows[1:] == rows[:-1]) & (self.col[1:] <= self.col[:-1])).any()):
+            # not a canonical CSR (columns unsorted or repeated within a row): the general path sums repeats
+            return Csr.from_coo(self.col, rows, self.val, (self.shape[1], self.shape[0]))
+        if self.col.device.type == "cpu" and USE_SCIPY:
+            return _scipy_transpose(self)
+        small = self.shape[1] < 2**31 - 1
+        order = torch.argsort(self.col.to(torch.int32) if small else self.col, stable=True)  # int32 sorts faster
+        crow = torch.zeros(self.shape[1] + 1, dtype=torch.int64, device=self.col.device)
+        torch.cumsum(torch.bincount(self.col, minlength=self.shape[1]), 0, out=crow[1:])
+        return Csr(crow, rows.index_select(0, order), self.val.float().index_select(0, order),
+                   (self.shape[1], self.shape[0]))
 
     def with_values(self, val: torch.Tensor) -> "Csr":
         return Csr(self.crow, self.col, val, self.shape)
