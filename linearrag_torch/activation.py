@@ -47,6 +47,20 @@ def nearest_entities(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, r
     return best, arg
 
 
+def seed_pairs(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, owner: torch.Tensor, batch: int):
+    """Eq. 3 as index lists: (keys, values), keys = e * batch + b sorted and unique, one per (graph entity e,
+    question b) that a question entity seeds, values its cosine (the largest when several entities of one
+    question seed e; ties between graph entities go to the lowest index)."""
+    if not (query_entity_emb.shape[0] and entity_emb.shape[0]):
+        return (torch.zeros(0, dtype=torch.int64, device=entity_emb.device),
+                torch.zeros(0, dtype=entity_emb.dtype, device=entity_emb.device))
+    best, arg = nearest_entities(entity_emb, query_entity_emb)  # [Q]
+    keys, inv = torch.unique(arg * batch + owner.to(arg.device), sorted=True, return_inverse=True)
+    # a cosine can be <= 0: reduce from -inf
+    vals = torch.full((keys.numel(),), float("-inf"), dtype=best.dtype, device=best.device)
+    return keys, vals.scatter_reduce_(0, inv, best, "amax")
+
+
 def seed_entities(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, owner: torch.Tensor, batch: int):
     """Eq. 3: each question entity seeds its most cosine-similar graph entity with that cosine.
 
@@ -54,15 +68,11 @@ def seed_entities(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, owne
     question keeps the largest cosine; ties between graph entities go to the lowest index.
     """
     E = entity_emb.shape[0]
+    keys, vals = seed_pairs(entity_emb, query_entity_emb, owner, batch)
     seeds = torch.zeros(E * batch, dtype=entity_emb.dtype, device=entity_emb.device)
     is_seed = torch.zeros(E * batch, dtype=torch.bool, device=entity_emb.device)
-    if query_entity_emb.shape[0] and E:
-        best, arg = nearest_entities(entity_emb, query_entity_emb)  # [Q]
-        idx = arg * batch + owner
-        # a cosine can be <= 0: reduce from -inf, not from the zeros of non-seeds
-        seeds = seeds.fill_(float("-inf")).scatter_reduce_(0, idx, best, "amax")
-        is_seed[idx] = True
-        seeds = torch.where(is_seed, seeds, torch.zeros_like(seeds))
+    seeds[keys] = vals
+    is_seed[keys] = True
     return seeds.view(E, batch), is_seed.view(E, batch)
 
 
@@ -98,21 +108,57 @@ def _segment_positions(crow: torch.Tensor, rows: torch.Tensor):
     return kernels.segment_positions(crow, rows)
 
 
+@dataclass
+class ActivePairs:
+    """Stage 1's result as index lists over the active (entity, question) pairs of a batch (tier >= 1):
+    keys = e * batch + b (sorted, unique) with the Activation fields at those pairs. Everything else is
+    inactive (act = reset = 0, tier = 0), so eq. 7 and the PageRank reset need only these."""
+
+    keys: torch.Tensor  # int64
+    act: torch.Tensor
+    tier: torch.Tensor  # int64, >= 1
+    reset: torch.Tensor
+    batch: int
+    steps: int = 0
+
+    def dense(self, num_entities: int) -> Activation:
+        """The [E, B] tensors of Activation."""
+        n = num_entities * self.batch
+
+        def spread(v):
+            return torch.zeros(n, dtype=v.dtype, device=v.device).index_copy_(0, self.keys, v).view(num_entities, self.batch)
+
+        return Activation(act=spread(self.act), tier=spread(self.tier), reset=spread(self.reset), steps=self.steps)
+
+    @staticmethod
+    def from_dense(a: Activation) -> "ActivePairs":
+        B = a.tier.shape[1]
+        keys = torch.nonzero(a.tier.reshape(-1) > 0).flatten()
+        return ActivePairs(keys, a.act.reshape(-1)[keys], a.tier.reshape(-1)[keys], a.reset.reshape(-1)[keys], B, a.steps)
+
+
 def propagate_reference(M_crow, M_col, MT_crow, MT_col, sigma, seeds, is_seed, cfg: RetrievalConfig) -> Activation:
+    """propagate_reference_pairs on dense [E, B] seeds (seeds where is_seed); returns dense Activation."""
+    E, B = seeds.shape
+    keys = torch.nonzero(is_seed.reshape(-1)).flatten()
+    out = propagate_reference_pairs(M_crow, M_col, MT_crow, MT_col, sigma, keys, seeds.reshape(-1)[keys], B, cfg)
+    return out.dense(E)
+
+
+def propagate_reference_pairs(M_crow, M_col, MT_crow, MT_col, sigma, seed_keys: torch.Tensor, seed_vals: torch.Tensor,
+                              B: int, cfg: RetrievalConfig) -> ActivePairs:
     """The reference code's breadth-first activation, for a batch, in the order-free form of METHOD.md.
 
     Each frontier entity (score >= delta) takes its top_k_sentence unused sentences by sigma
     (kernels.segment_topk_sigma); every entity of a taken sentence gets candidate score(e) * sigma[s];
     candidates >= delta add to its accumulated weight and re-activate it (score = largest candidate,
-    tier = t + 1). The frontier and the used sentences are kept as index lists, not [E, B] / [S, B] masks.
+    tier = t + 1). The state lives on the active pairs only (seed_keys = e * B + b sorted, as from
+    seed_pairs): the frontier, the used sentences and the scores are index lists, no [E, B] / [S, B] tensor.
     """
-    E, B = seeds.shape
-    device = seeds.device
-    score = seeds.clone()
-    weight = seeds.clone()
-    tier = is_seed.to(torch.int64)
-    e_idx, b_idx = torch.nonzero(is_seed, as_tuple=True)  # the frontier, sorted by (e, b)
-    f = seeds[e_idx, b_idx]
+    device = seed_vals.device
+    keys, score, weight = seed_keys, seed_vals.clone(), seed_vals.clone()
+    tier = torch.ones(keys.numel(), dtype=torch.int64, device=device)
+    e_idx, b_idx, f = keys // B, keys % B, seed_vals  # the frontier, sorted by (e, b)
     used = torch.empty(0, dtype=torch.int64, device=device)  # sorted keys s * B + b
     steps = 0
     for t in range(1, cfg.max_iterations):
@@ -133,11 +179,15 @@ def propagate_reference(M_crow, M_col, MT_crow, MT_col, sigma, seeds, is_seed, c
         ok = cand >= cfg.delta
         flat = M_col[pos2][ok].to(torch.int64) * B + cb[owner2][ok]
         cand = cand[ok]
-        weight.view(-1).index_add_(0, flat, cand)
         flat, inv = torch.unique(flat, sorted=True, return_inverse=True)
-        new = torch.full((flat.numel(),), float("-inf"), dtype=seeds.dtype, device=device)
-        new.scatter_reduce_(0, inv, cand, "amax")
-        score.view(-1)[flat] = new
-        tier.view(-1)[flat] = t + 1
+        new = torch.full((flat.numel(),), float("-inf"), dtype=score.dtype, device=device).scatter_reduce_(0, inv, cand, "amax")
+        added = torch.zeros(flat.numel(), dtype=weight.dtype, device=device).index_add_(0, inv, cand)
+        # merge the triggered pairs into the state: score = the new largest candidate, weight += the sum
+        merged, where = torch.unique(torch.cat([keys, flat]), sorted=True, return_inverse=True)
+        old_at, new_at = where[:keys.numel()], where[keys.numel():]
+        score = score.new_zeros(merged.numel()).index_copy_(0, old_at, score).index_copy_(0, new_at, new)
+        weight = weight.new_zeros(merged.numel()).index_copy_(0, old_at, weight).index_add_(0, new_at, added)
+        tier = tier.new_zeros(merged.numel()).index_copy_(0, old_at, tier).index_fill_(0, new_at, t + 1)
+        keys = merged
         e_idx, b_idx, f = flat // B, flat % B, new
-    return Activation(act=score, tier=tier, reset=weight, steps=steps)
+    return ActivePairs(keys, score, tier, weight, B, steps)

@@ -16,16 +16,21 @@ from dataclasses import dataclass
 import torch
 
 from . import kernels
-from .activation import Activation, propagate_paper, propagate_reference, seed_entities
+from .activation import Activation, ActivePairs, propagate_paper, propagate_reference_pairs, seed_pairs
 from .config import RetrievalConfig
 from .index import TriGraphIndex
-from .pagerank import PPRGraph, passage_reset, personalized_pagerank
+from .pagerank import ColumnEntries, PPRGraph, passage_reset_entries, personalized_pagerank
 from .queries import EncodedQueries, Retrieved
 
-# bytes of working memory one question needs per passage + entity node (dense [P, B] and [E, B] state:
-# seeds, activation, eq. 7 terms, the PageRank reset, iterate and buffers, top-k): peak RSS measured at
-# 21-27 bytes on synthetic 2WikiMultiHopQA-like graphs (the PageRank runs on merged leaf buckets), with margin
-BYTES_PER_NODE = 32
+# bytes of working memory one question needs (see DeviceGraph.bytes_per_question): per passage, the
+# [P, B] float32 state (cosines, eq. 7 terms, the PageRank reset, iterate and buffer, scores, top-k);
+# per row of the PageRank's entity space (entities of degree >= 2 and one leaf bucket per passage), its
+# reset, iterate and buffer; per entity in paper mode, the dense [E, B] activation state. The other modes
+# keep stage 1 as index lists over the active pairs. With margin over peak RSS measured on synthetic
+# 2WikiMultiHopQA-like graphs (benchmarks/scaling.py).
+BYTES_PER_PASSAGE = 32
+BYTES_PER_WALK_ROW = 16
+BYTES_PER_ENTITY_PAPER = 32
 MEMORY_BUDGET_ENV = "LINEARRAG_MEMORY_BUDGET"
 
 
@@ -102,13 +107,21 @@ class DeviceGraph:
             self._ppr[adjacent_passages] = PPRGraph.build(self.index.C, adjacent_passages, self.device)
         return self._ppr[adjacent_passages]
 
-    def questions_per_chunk(self, memory_budget: int | None = None) -> int:
+    def bytes_per_question(self, cfg: RetrievalConfig | None = None) -> int:
+        """Working memory of one question of a batch, in bytes (an estimate with margin)."""
+        cfg = cfg or RetrievalConfig()
+        P, E = self.passage_emb.shape[0], self.entity_emb.shape[0]
+        walk = self._ppr.get(cfg.adjacent_passages)
+        rows = walk.to_entities.shape[0] if walk is not None else E
+        paper = cfg.use_activation and cfg.mode == "paper"
+        return BYTES_PER_PASSAGE * P + BYTES_PER_WALK_ROW * rows + (BYTES_PER_ENTITY_PAPER * E if paper else 0)
+
+    def questions_per_chunk(self, memory_budget: int | None = None, cfg: RetrievalConfig | None = None) -> int:
         """How many questions one chunk of a batch holds within the memory budget (at least 1)."""
         budget = memory_budget if memory_budget is not None else self.memory_budget
         if budget is None:
             budget = default_memory_budget(self.device)
-        nodes = self.passage_emb.shape[0] + self.entity_emb.shape[0]
-        return max(1, int(budget) // (BYTES_PER_NODE * max(nodes, 1)))
+        return max(1, int(budget) // max(self.bytes_per_question(cfg), 1))
 
     def nbytes(self) -> int:
         """Bytes of the query tensors on the device (embeddings, sparse matrices, PPR operator)."""
@@ -132,19 +145,35 @@ class Trace:
     dense: torch.Tensor  # [B] bool: answered by dense retrieval
 
 
-def activate(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig):
-    """Eqs. 3-5 for a batch: (seeds, is_seed, Activation). Sigma (eq. 4) is computed lazily from
-    (sentence_emb, query_emb) for the (sentence, question) pairs the activation visits."""
+def activate_pairs(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig):
+    """Eqs. 3-5 for a batch, as index lists: (seed keys, seed values, ActivePairs); keys = e * B + b.
+    Sigma (eq. 4) is computed lazily from (sentence_emb, query_emb) for the (sentence, question) pairs
+    the activation visits. Only paper mode forms dense [E, B] state."""
     B = queries.batch_size
-    seeds, is_seed = seed_entities(graph.entity_emb, queries.entity_emb, queries.entity_owner, B)
+    keys, vals = seed_pairs(graph.entity_emb, queries.entity_emb, queries.entity_owner, B)
     sigma = (graph.sentence_emb, queries.query_emb)
     if not cfg.use_activation:
-        act = Activation(act=seeds, tier=is_seed.to(torch.int64), reset=seeds)
+        act = ActivePairs(keys, vals, torch.ones_like(keys), vals, B)
     elif cfg.mode == "paper":
-        act = propagate_paper(graph.M, graph.MT, sigma, seeds, is_seed, cfg)
+        seeds, is_seed = _dense_seeds(keys, vals, graph.entity_emb.shape[0], B)
+        act = ActivePairs.from_dense(propagate_paper(graph.M, graph.MT, sigma, seeds, is_seed, cfg))
     else:
-        act = propagate_reference(graph.M_crow, graph.M_col, graph.MT_crow, graph.MT_col, sigma, seeds, is_seed, cfg)
-    return seeds, is_seed, act
+        act = propagate_reference_pairs(graph.M_crow, graph.M_col, graph.MT_crow, graph.MT_col, sigma, keys, vals, B, cfg)
+    return keys, vals, act
+
+
+def _dense_seeds(keys, vals, E: int, B: int):
+    seeds = torch.zeros(E * B, dtype=vals.dtype, device=vals.device).index_copy_(0, keys, vals)
+    is_seed = torch.zeros(E * B, dtype=torch.bool, device=vals.device).index_fill_(0, keys, True)
+    return seeds.view(E, B), is_seed.view(E, B)
+
+
+def activate(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig):
+    """Eqs. 3-5 for a batch as dense [E, B] tensors (diagnostics): (seeds, is_seed, Activation)."""
+    B, E = queries.batch_size, graph.entity_emb.shape[0]
+    keys, vals, act = activate_pairs(graph, queries, cfg)
+    seeds, is_seed = _dense_seeds(keys, vals, E, B)
+    return seeds, is_seed, act.dense(E)
 
 
 def top_k(scores: torch.Tensor, k: int):
@@ -156,11 +185,13 @@ def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, 
              memory_budget: int | None = None):
     """Rank passages for a batch of encoded questions. Returns Retrieved (and a Trace if asked).
 
-    The batch runs in chunks of graph.questions_per_chunk(memory_budget) questions.
+    The batch runs in chunks of graph.questions_per_chunk(memory_budget, cfg) questions.
     """
     queries = queries.to(graph.device)
     B = queries.batch_size
-    chunk = graph.questions_per_chunk(memory_budget)
+    if cfg.use_ppr:
+        graph.ppr_graph(cfg.adjacent_passages)  # built once; its size enters the chunk size
+    chunk = graph.questions_per_chunk(memory_budget, cfg)
     if B <= chunk:
         return _retrieve_chunk(graph, queries, cfg, trace)
     parts = [_retrieve_chunk(graph, slice_queries(queries, b, min(b + chunk, B)), cfg, trace)
@@ -191,20 +222,41 @@ def slice_queries(queries: EncodedQueries, start: int, stop: int) -> EncodedQuer
 
 def _retrieve_chunk(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool):
     B = queries.batch_size
-    P = graph.passage_emb.shape[0]
+    P, E = graph.passage_emb.shape[0], graph.entity_emb.shape[0]
     k = min(cfg.top_k, P)
     sim = graph.passage_emb @ queries.query_emb.T  # [P, B]
-    seeds, is_seed, act = activate(graph, queries, cfg)
-    reset_p = passage_reset(sim, graph.N_log, act.act, act.tier, cfg, N_logT=graph.N_logT)
-    if cfg.use_ppr:
-        ppr_p, _, valid = personalized_pagerank(graph.ppr_graph(cfg.adjacent_passages), reset_p, act.reset, cfg,
-                                                entity_scores=False)
-    else:
-        ppr_p, valid = reset_p, torch.ones(B, dtype=torch.bool, device=graph.device)
-    use_graph = is_seed.any(dim=0) & valid
-    scores = torch.where(use_graph, ppr_p, sim)  # dense retrieval for questions without a seed
+    seed_keys, seed_vals, act = activate_pairs(graph, queries, cfg)
+    # the active (entity, question) pairs: eq. 7's sum and the PageRank reset are nonzero only there
+    e, b = act.keys // B, act.keys % B
+    use_graph = torch.zeros(B, dtype=torch.bool, device=graph.device)
+    use_graph[b] = True  # a question without a seed (so nothing active) is answered by dense retrieval
+    g = torch.nonzero(use_graph).flatten()
+    scores = sim
+    if g.numel():  # eqs. 7 and 6 for the questions with seeds only
+        n = g.numel()
+        if n < B:  # number those questions 0 .. n - 1
+            col = torch.full((B,), -1, dtype=torch.int64, device=graph.device)
+            col[g] = torch.arange(n, device=graph.device)
+            bg, sim_g = col[b], sim.index_select(1, g)
+        else:
+            bg, sim_g = b, sim
+        reset_p = passage_reset_entries(sim_g, graph.N_logT, ColumnEntries(e, bg, act.act / act.tier.to(sim.dtype), (E, n)),
+                                        cfg)
+        if cfg.use_ppr:
+            # the entity reset is nonzero only at active pairs (seeds and triggered entities)
+            ppr_p, _, valid = personalized_pagerank(graph.ppr_graph(cfg.adjacent_passages), reset_p,
+                                                    ColumnEntries(e, bg, act.reset, (E, n)), cfg,
+                                                    entity_scores=False)
+        else:
+            ppr_p, valid = reset_p, torch.ones(n, dtype=torch.bool, device=graph.device)
+        use_graph[g] = valid  # a reset summing to 0 falls back to dense retrieval too
+        if n == B:
+            scores = torch.where(use_graph, ppr_p, sim)
+        else:
+            scores = sim.clone()
+            scores[:, g[valid]] = ppr_p[:, valid]
     idx, vals = top_k(scores, k)
     out = Retrieved(idx, vals)
     if trace:
-        return out, Trace(seeds, is_seed, act, ~use_graph)
+        return out, Trace(*_dense_seeds(seed_keys, seed_vals, E, B), act.dense(E), ~use_graph)
     return out

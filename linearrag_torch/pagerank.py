@@ -18,6 +18,22 @@ def minmax(x: torch.Tensor) -> torch.Tensor:
     return torch.where(span > 0, (x - lo) / torch.where(span > 0, span, torch.ones_like(span)), torch.zeros_like(x))
 
 
+@dataclass
+class ColumnEntries:
+    """The nonzero entries of a mostly-zero [rows, B] matrix as index lists (row, col, val): the entity
+    side of a batch (a question activates a handful of entities), without a dense [E, B] pass."""
+
+    row: torch.Tensor  # int64
+    col: torch.Tensor  # int64
+    val: torch.Tensor
+    shape: tuple
+
+    @staticmethod
+    def from_dense(x: torch.Tensor) -> "ColumnEntries":
+        r, c = torch.nonzero(x, as_tuple=True)  # NaN counts as nonzero: the consumers clean values
+        return ColumnEntries(r, c, x[r, c], tuple(x.shape))
+
+
 def passage_reset(sim: torch.Tensor, N_log, act: torch.Tensor, tier: torch.Tensor, cfg: RetrievalConfig,
                   N_logT: Csr | None = None) -> torch.Tensor:
     """Eq. 7: I0(p) = (lam * minmax(sim)(p) + ln(1 + sum_e act_e * ln(1 + N[p,e]) / L_e)) * W_p.
@@ -28,11 +44,20 @@ def passage_reset(sim: torch.Tensor, N_log, act: torch.Tensor, tier: torch.Tenso
     """
     if N_logT is None:
         v = torch.where(tier > 0, act / tier.clamp(min=1).to(act.dtype), torch.zeros_like(act))
-        z = N_log @ v
-    else:
-        e, b = torch.nonzero(tier > 0, as_tuple=True)
-        z = torch.zeros_like(sim)
-        kernels.spmm_sparse_rhs(N_logT.crow, N_logT.col, N_logT.val, e, b, act[e, b] / tier[e, b].to(act.dtype), z)
+        return _finish_reset(sim, N_log @ v, cfg)
+    e, b = torch.nonzero(tier > 0, as_tuple=True)
+    return passage_reset_entries(sim, N_logT, ColumnEntries(e, b, act[e, b] / tier[e, b].to(act.dtype), act.shape), cfg)
+
+
+def passage_reset_entries(sim: torch.Tensor, N_logT: Csr, act_over_tier: ColumnEntries, cfg: RetrievalConfig):
+    """Eq. 7 from the active (entity, question) pairs with their act_e / L_e (kernels.spmm_sparse_rhs)."""
+    z = torch.zeros_like(sim)
+    a = act_over_tier
+    kernels.spmm_sparse_rhs(N_logT.crow, N_logT.col, N_logT.val, a.row, a.col, a.val, z)
+    return _finish_reset(sim, z, cfg)
+
+
+def _finish_reset(sim, z, cfg):
     return (cfg.lam * minmax(sim) + torch.log1p_(z)) * cfg.passage_node_weight
 
 
@@ -99,13 +124,13 @@ class PPRGraph:
         inv_p = torch.where(strength_p > 0, 1.0 / strength_p, torch.zeros_like(strength_p))
         inv_e = torch.where(strength_e > 0, 1.0 / strength_e, torch.zeros_like(strength_e))
         rows = C.row_index()
-        to_p_val = C.val.double() * inv_e[C.col]  # w / str(e)
-        to_e_val = C.val.double() * inv_p[rows]  # w / str(p), on C's entries
+        to_p_val = C.val.double() * inv_e.index_select(0, C.col)  # w / str(e)
+        to_e_val = C.val.double() * inv_p.index_select(0, rows)  # w / str(p), on C's entries
         leaves = None
         if collapse_leaves:
             degree = torch.bincount(C.col, minlength=E)
             is_leaf = (degree == 1) & (strength_e > 0)
-            leaf_entry = is_leaf[C.col]
+            leaf_entry = is_leaf.index_select(0, C.col)
             keep = ~is_leaf
             n_keep = int(keep.sum())
             row = torch.full((E,), -1, dtype=torch.int64)
@@ -127,7 +152,7 @@ class PPRGraph:
                                        torch.cat([to_p_val[~leaf_entry], torch.ones(lp.numel(), dtype=torch.float64)]).float(),
                                        (P, n_rows))
             # to_entities: the non-leaf entries, and each bucket's share (duplicates are summed)
-            to_entities = Csr.from_coo(row[C.col], rows, to_e_val.float(), (n_rows, P))
+            to_entities = Csr.from_coo(row.index_select(0, C.col), rows, to_e_val.float(), (n_rows, P))
             dangling_e = torch.cat([strength_e[keep] == 0, torch.zeros(n_rows - n_keep, dtype=torch.bool)])
             by_passage = Csr.from_coo(passage[is_leaf], torch.nonzero(is_leaf).flatten(), share[is_leaf].float(), (P, E))
             leaves = Leaves(row.to(device), is_leaf.to(device), passage.to(device), share.float().to(device),
@@ -167,19 +192,18 @@ class _ActiveLeaves:
     """The leaves with reset mass, tracked one by one (pairs (leaf e, column b)); every other leaf of
     a passage moves in step with its bucket. Adds their exact share of the L1 change to each step."""
 
-    def __init__(self, lv: Leaves, re: torch.Tensor):
-        leaf_idx = torch.nonzero(lv.is_leaf).flatten()
-        i, b = torch.nonzero(re.index_select(0, leaf_idx) > 0, as_tuple=True)
-        self.e = leaf_idx[i]
-        self.col = b  # original column
+    def __init__(self, lv: Leaves, re: ColumnEntries):
+        m = lv.is_leaf[re.row] & (re.val > 0)
+        self.e = re.row[m]
+        self.col = re.col[m]  # original column
         self.p = lv.passage[self.e]
         self.bucket = lv.row[self.e]
         self.share = lv.share[self.e]
-        self.r = re[self.e, b]
+        self.r = re.val[m]
         self.x = self.r.clone()  # x_e^0 = r_e
         self.final = self.x.clone()
         # pairs grouped by (bucket, column): the leaves of one passage in one question
-        key = self.bucket * re.shape[1] + b
+        key = self.bucket * re.shape[1] + self.col
         _, self.group = torch.unique(key, return_inverse=True)
         self.n_groups = int(self.group.max()) + 1 if self.group.numel() else 0
 
@@ -221,23 +245,29 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
     merged leaf buckets; the change and (with ``entity_scores``) the entity scores are those of the
     full graph (see Leaves).
 
-    reset_p [P, B], reset_e [E, B] are cleaned (NaN and negatives -> 0) and normalised per column.
+    reset_p [P, B] and reset_e ([E, B], or its nonzero entries as ColumnEntries) are cleaned (NaN and
+    negatives -> 0) and normalised per column.
     Returns (passage scores [P, B], entity scores [E, B] or None, valid [B]); a column whose reset sums
     to 0 is not valid (the caller falls back to dense retrieval) and holds zeros.
     """
+    if not isinstance(reset_e, ColumnEntries):
+        reset_e = ColumnEntries.from_dense(reset_e)
     rp = torch.nan_to_num(reset_p, nan=0.0).clamp_(min=0)
-    re = torch.nan_to_num(reset_e, nan=0.0).clamp_(min=0)
-    total = rp.sum(0) + re.sum(0)
+    B = rp.shape[1]
+    ev = torch.nan_to_num(reset_e.val.to(rp.dtype), nan=0.0).clamp_(min=0)
+    total = rp.sum(0).index_add_(0, reset_e.col, ev)
     valid = total > 0
     norm = torch.where(valid, total, torch.ones_like(total))
     rp.div_(norm)
-    re.div_(norm)
+    ev = ev / norm[reset_e.col]
     lv = graph.leaves
     active = None
+    rows = graph.to_entities.shape[0]  # rows of the walk's entity space
+    e_rows = reset_e.row
     if lv is not None:
-        active = _ActiveLeaves(lv, re)
-        re = torch.zeros(graph.to_entities.shape[0], re.shape[1], dtype=re.dtype, device=re.device).index_add_(0, lv.row, re)
-    B = rp.shape[1]
+        active = _ActiveLeaves(lv, ColumnEntries(reset_e.row, reset_e.col, ev, (rows, B)))
+        e_rows = lv.row[e_rows]
+    re = torch.zeros(rows, B, dtype=rp.dtype, device=rp.device).index_put_((e_rows, reset_e.col), ev, accumulate=True)
     d = cfg.damping
     # working set: the reset (wrp, wre), the iterate (xp, xe) and an output buffer pair, columns `cols`
     cols = torch.arange(B, device=rp.device)

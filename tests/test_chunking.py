@@ -4,7 +4,7 @@ import torch
 
 from linearrag_torch import engine
 from linearrag_torch.config import RetrievalConfig
-from linearrag_torch.engine import BYTES_PER_NODE, DeviceGraph, parse_bytes, retrieve
+from linearrag_torch.engine import DeviceGraph, parse_bytes, retrieve
 from linearrag_torch.synthetic import random_index, random_queries
 
 
@@ -15,9 +15,9 @@ def test_chunked_batches_give_identical_results(mode):
     graph = DeviceGraph(index)
     cfg = RetrievalConfig(mode=mode, delta=0.25, top_k=7)
     whole = retrieve(graph, queries, cfg, memory_budget=1 << 40)
-    per_question = BYTES_PER_NODE * (index.num_passages + index.num_entities)
+    per_question = graph.bytes_per_question(cfg)
     for chunk in (1, 4, 10):
-        assert graph.questions_per_chunk(chunk * per_question) == chunk
+        assert graph.questions_per_chunk(chunk * per_question, cfg) == chunk
         part = retrieve(graph, queries, cfg, memory_budget=chunk * per_question)
         assert torch.equal(part.indices, whole.indices)
         torch.testing.assert_close(part.scores, whole.scores, rtol=1e-6, atol=0)
@@ -29,7 +29,7 @@ def test_chunked_trace_is_the_concatenation():
     graph = DeviceGraph(index)
     cfg = RetrievalConfig(delta=0.2)
     out1, tr1 = retrieve(graph, queries, cfg, trace=True, memory_budget=1 << 40)
-    out2, tr2 = retrieve(graph, queries, cfg, trace=True, memory_budget=2 * BYTES_PER_NODE * (120 + 150))
+    out2, tr2 = retrieve(graph, queries, cfg, trace=True, memory_budget=2 * graph.bytes_per_question(cfg))
     assert torch.equal(out1.indices, out2.indices)
     assert torch.equal(tr1.is_seed, tr2.is_seed) and torch.equal(tr1.activation.tier, tr2.activation.tier)
     torch.testing.assert_close(tr1.activation.reset, tr2.activation.reset)
@@ -40,9 +40,21 @@ def test_memory_budget_setting(monkeypatch):
     assert parse_bytes("4G") == 4 << 30 and parse_bytes("512MiB") == 512 << 20 and parse_bytes("1000") == 1000
     index = random_index(50, 60, dim=8, seed=1)
     graph = DeviceGraph(index)
-    monkeypatch.setenv(engine.MEMORY_BUDGET_ENV, str(3 * BYTES_PER_NODE * (50 + index.num_entities)))
+    monkeypatch.setenv(engine.MEMORY_BUDGET_ENV, str(3 * graph.bytes_per_question()))
     assert graph.questions_per_chunk() == 3
     graph.memory_budget = 1  # the attribute wins over the environment; a chunk holds at least one question
     assert graph.questions_per_chunk() == 1
     monkeypatch.delenv(engine.MEMORY_BUDGET_ENV)
     assert engine.default_memory_budget("cpu") >= 256 << 20
+
+
+def test_bytes_per_question_counts_what_each_mode_keeps():
+    index = random_index(200, 300, dim=8, seed=2)
+    graph = DeviceGraph(index)
+    P, E = index.num_passages, index.num_entities
+    ref, paper = RetrievalConfig(), RetrievalConfig(mode="paper")
+    assert graph.bytes_per_question(ref) == engine.BYTES_PER_PASSAGE * P + engine.BYTES_PER_WALK_ROW * E  # walk not built
+    rows = graph.ppr_graph(False).to_entities.shape[0]  # merged leaves: fewer rows than entities
+    assert rows < E
+    assert graph.bytes_per_question(ref) == engine.BYTES_PER_PASSAGE * P + engine.BYTES_PER_WALK_ROW * rows
+    assert graph.bytes_per_question(paper) == graph.bytes_per_question(ref) + engine.BYTES_PER_ENTITY_PAPER * E
