@@ -27,6 +27,7 @@ setup(
         "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.7"],  # the benchmark scripts are tested too
         "bench": ["matplotlib>=3.7", "bm25s>=0.2"],
         "scatter": ["torch-scatter>=2.1"],  # optional accelerator; compiles from source
+        "triton": ["triton>=3.0"],  # the CUDA kernels (CUDA torch wheels usually bring it); CPU: interpreter tests
     },
     entry_points={"console_scripts": ["linearrag = linearrag_torch.cli:main"]},
 )

@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import linearrag_torch.kernels as K  # noqa: E402
-from benchmarks.kernels import kernels_mode, make_graph, run_cases, timed  # noqa: E402
+from benchmarks.kernels import StepMeter, kernels_mode, make_graph, run_cases, timed  # noqa: E402
 from linearrag_torch import reference  # noqa: E402
 from linearrag_torch.config import RetrievalConfig  # noqa: E402
 from linearrag_torch.engine import DeviceGraph, retrieve  # noqa: E402
@@ -35,7 +35,7 @@ from linearrag_torch.synthetic import random_queries  # noqa: E402
 
 DATE = "2026-11-30"
 FULL = {"copy_bytes": 1 << 30, "agree_passages": 50_000, "agree_batch": 64, "kernel_passages": 1_000_000,
-        "kernel_batch": 256, "argmax_size": 1 << 24, "sizes": [100_000, 1_000_000, 4_000_000], "batches": [1, 64, 1024]}
+        "kernel_batch": 256, "argmax_size": 1 << 24, "sizes": [100_000, 1_000_000, 3_000_000], "batches": [1, 64, 1024]}
 SMOKE = {"copy_bytes": 1 << 24, "agree_passages": 1_500, "agree_batch": 8, "kernel_passages": 3_000,
          "kernel_batch": 8, "argmax_size": 1 << 15, "sizes": [2_000, 6_000], "batches": [1, 8]}
 
@@ -97,63 +97,15 @@ def agreement(device, P: int, B: int, seed: int) -> dict:
 
 
 # ----------------------------------------------------------------------------------------- 4. timing
-def ppr_step_bytes(graph, B: int) -> int:
-    """Memory traffic of one kernels.ppr_step on B columns if nothing is reused from cache: each CSR
-    entry's index and value, each gathered row of x (B floats), and per output row the reset and old
-    iterate read and the new iterate written."""
-    total = 0
-    for mat in (graph.to_passages, graph.to_entities, graph.between_passages):
-        if mat is None:
-            continue
-        rows = mat.shape[0]
-        nnz = mat.values().numel()
-        ib = mat.col_indices().element_size()
-        total += nnz * (ib + 4) + (rows + 1) * ib + nnz * B * 4 + rows * B * 4 * 3
-    return total
-
-
-class StepMeter:
-    """Wraps kernels.ppr_step to sum its modeled bytes and (with CUDA events) its time."""
-
-    def __init__(self, device):
-        self.device, self.bytes, self.events, self.calls = device, 0, [], 0
-        self.inner = K.ppr_step
-
-    def __enter__(self):
-        def wrapped(graph, xp, *a, **kw):
-            self.bytes += ppr_step_bytes(graph, xp.shape[1])
-            self.calls += 1
-            if self.device.type == "cuda":
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                r = self.inner(graph, xp, *a, **kw)
-                e.record()
-                self.events.append((s, e))
-                return r
-            t = time.perf_counter()
-            r = self.inner(graph, xp, *a, **kw)
-            self.events.append(time.perf_counter() - t)
-            return r
-
-        K.ppr_step = wrapped
-        return self
-
-    def __exit__(self, *exc):
-        K.ppr_step = self.inner
-
-    def ms(self) -> float:
-        sync(self.device)
-        if self.device.type == "cuda":
-            return sum(s.elapsed_time(e) for s, e in self.events)
-        return 1e3 * sum(self.events)
 
 
 def timing(device, sizes, batches, clock: Clock, copy_gbs: float, log) -> list:
     rows = []
     cfg = RetrievalConfig()
-    last_cost = None
+    last_cost, last_P = None, None
     for P in sizes:
-        if last_cost is not None and clock.left() < 4 * last_cost:  # sizes grow ~4x: skip what cannot finish
+        # the cost grows about linearly with size: skip a size that cannot finish in the time left
+        if last_cost is not None and clock.left() < 1.3 * last_cost * P / last_P:
             rows.append({"passages": P, "skipped": f"not enough time left ({clock.left():.0f} s)"})
             log(f"  {P:>9,} passages: skipped (time)")
             continue
@@ -182,7 +134,7 @@ def timing(device, sizes, batches, clock: Clock, copy_gbs: float, log) -> list:
             rows.append(r)
             log(f"  {P:>9,} passages batch {B:>5}: {r['queries_per_s']:10.1f} q/s, PPR {ppr_ms:8.1f} ms "
                 f"({r['ppr_GB_per_s'] or 0:.0f} GB/s modeled, {100 * (r['ppr_fraction_of_copy_bw'] or 0):.0f}% of copy)")
-        last_cost = time.perf_counter() - t0
+        last_cost, last_P = time.perf_counter() - t0, P
         del index, graph
         if device.type == "cuda":
             torch.cuda.empty_cache()

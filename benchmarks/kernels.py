@@ -150,9 +150,65 @@ def propagate_reference_dense(M_crow, M_col, MT_crow, MT_col, sigma, seeds, is_s
     return score, tier, weight
 
 
+# ----------------------------------------------------------------------------------------- PageRank traffic
+def ppr_step_bytes(graph, B: int) -> int:
+    """Memory traffic of one kernels.ppr_step on B columns if nothing is reused from cache: each CSR
+    entry's index and value, each gathered row of x (B floats), and per output row the reset and old
+    iterate read and the new iterate written."""
+    total = 0
+    for mat in (graph.to_passages, graph.to_entities, graph.between_passages):
+        if mat is None:
+            continue
+        rows = mat.shape[0]
+        nnz = mat.values().numel()
+        ib = mat.col_indices().element_size()
+        total += nnz * (ib + 4) + (rows + 1) * ib + nnz * B * 4 + rows * B * 4 * 3
+    return total
+
+
+class StepMeter:
+    """Wraps kernels.ppr_step to sum its modeled bytes and (with CUDA events) its time."""
+
+    def __init__(self, device):
+        self.device, self.bytes, self.events, self.calls = device, 0, [], 0
+        self.inner = kernels.ppr_step
+
+    def __enter__(self):
+        def wrapped(graph, xp, *a, **kw):
+            self.bytes += ppr_step_bytes(graph, xp.shape[1])
+            self.calls += 1
+            if self.device.type == "cuda":
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                r = self.inner(graph, xp, *a, **kw)
+                e.record()
+                self.events.append((s, e))
+                return r
+            t = time.perf_counter()
+            r = self.inner(graph, xp, *a, **kw)
+            self.events.append(time.perf_counter() - t)
+            return r
+
+        kernels.ppr_step = wrapped
+        return self
+
+    def __exit__(self, *exc):
+        kernels.ppr_step = self.inner
+
+    def ms(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return sum(s.elapsed_time(e) for s, e in self.events)
+        return 1e3 * sum(self.events)
+
+
 # ----------------------------------------------------------------------------------------- cases
 def make_graph(passages: int, dim: int, device, seed: int = 0):
-    m = random_mentions(passages, 2 * passages, 3.2, 2.1, 0.9, 0.3, seed=seed)
+    """A synthetic index with the 2WikiMultiHopQA-calibrated statistics of benchmarks/scaling.py."""
+    from benchmarks.scaling import DEFAULT_STATS as st
+
+    m = random_mentions(passages, max(1, round(st["vocabulary_per_passage"] * passages)), st["sentences_per_passage"],
+                        st["entities_per_sentence"], st["zipf"], st["extra_ratio"], repeat=st["repeat"], seed=seed)
     index = index_from_mentions(m, random_embeddings(m.passages, dim, seed + 1),
                                 random_embeddings(m.sentences, dim, seed + 2), random_embeddings(m.entities, dim, seed + 3))
     graph = DeviceGraph(index, device)
@@ -319,6 +375,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--png", type=Path, default=None, help="bar chart of the speed-ups (default: the JSON path with .png)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -330,7 +387,32 @@ def main(argv=None) -> int:
                "command": " ".join(["python", "-m", "benchmarks.kernels"] + (argv or sys.argv[1:])), "rows": rows}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1))
+    if args.png or args.json:
+        plot(rows, args.png or args.json.with_suffix(".png"), f"{device}, {args.passages:,} passages, batch {args.batch}")
     return 0
+
+
+def plot(rows: list, png: Path, title: str) -> None:
+    """One horizontal bar per (op, implementation): speed-up over the unfused torch it replaces (log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r.get("speedup_vs_unfused")]
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.2))
+    labels = [f"{r['op']}: {r['impl']}" for r in rows]
+    ax.barh(range(len(rows)), [r["speedup_vs_unfused"] for r in rows],
+            color=["0.7" if r["speedup_vs_unfused"] == 1.0 else "tab:blue" for r in rows])
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set(xlabel="speed-up over the unfused torch (grey: the baseline row)", title=f"linearrag_torch kernels, {title}")
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

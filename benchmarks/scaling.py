@@ -219,21 +219,33 @@ def build(passages: int, stats: dict, dim: int, device: torch.device, seed: int 
                         stats["extra_ratio"], repeat=stats.get("repeat", 0.0), seed=seed)
     emb = [random_embeddings(n, dim, seed + i + 1) for i, n in enumerate((m.passages, m.sentences, m.entities))]
     base = reset_peak_memory(torch.device("cpu"))
-    t = time.perf_counter()
+    t, tc = time.perf_counter(), time.process_time()
     index = index_from_mentions(m, *emb)
     structure_s = time.perf_counter() - t
     graph = DeviceGraph(index, device)
     graph.ppr_graph(False)
     _sync(device)
     build_s = time.perf_counter() - t
+    build_cpu_s = time.process_time() - tc
     info = {
         "passages": passages, "sentences": index.num_sentences, "entities": index.num_entities,
         "nnz_M": index.M.nnz, "nnz_C": index.C.nnz, "nnz_N": index.N.nnz, "dim": dim,
-        "build_s": build_s, "structure_s": structure_s, "device_graph_s": build_s - structure_s,
+        "build_s": build_s, "build_cpu_s": build_cpu_s, "structure_s": structure_s,
+        "device_graph_s": build_s - structure_s,
         "index_bytes": _index_bytes(index), "graph_bytes": graph.nbytes(),
         "build_peak_mem_bytes": peak_memory(torch.device("cpu")), "build_rss_before_bytes": base,
     }
     info["index_bytes_per_passage"] = info["index_bytes"] / passages
+    # the same build again in this process: without the page faults of the memory the process takes for
+    # the first time (on our VM, first touch costs about 0.6 ns per byte, more than the work on it)
+    del graph, index
+    gc.collect()
+    t = time.perf_counter()
+    index = index_from_mentions(m, *emb)
+    graph = DeviceGraph(index, device)
+    graph.ppr_graph(False)
+    _sync(device)
+    info["build_warm_s"] = time.perf_counter() - t
     del m, emb
     return index, graph, info
 
@@ -244,8 +256,21 @@ def time_torch(graph, index, batch: int, cfg, device, min_questions: int, seed: 
     The engine runs a batch as independent chunks of graph.questions_per_chunk() questions; when a whole
     batch would take longer than ``max_call_s``, only some of its chunks are timed (at least 2, each a
     retrieve call on that chunk's questions) and the row says so ("chunks_timed" of "chunks")."""
+    from benchmarks.kernels import StepMeter
+
     retrieve(graph, random_queries(index, 2, seed=seed + 99), cfg)  # warm-up: first-call allocations
-    chunk = graph.questions_per_chunk()
+    chunk = graph.questions_per_chunk(None, cfg)
+    meter = StepMeter(device)  # the PageRank steps of the timed calls: count, time, modeled traffic
+    out = _time_torch_calls(graph, index, batch, cfg, device, min_questions, seed, max_call_s, chunk, meter)
+    ppr_ms = meter.ms()
+    out.update({"ppr_step_calls": meter.calls, "ppr_s": ppr_ms / 1e3,
+                "ppr_fraction_of_time": ppr_ms / 1e3 / out["seconds"] if out["seconds"] else None,
+                "ppr_modeled_GB_per_s": meter.bytes / (ppr_ms / 1e3) / 1e9 if ppr_ms else None})
+    return out
+
+
+def _time_torch_calls(graph, index, batch: int, cfg, device, min_questions: int, seed: int, max_call_s: float,
+                      chunk: int, meter):
     n_chunks = -(-batch // chunk)
     base = reset_peak_memory(device)
     extra = {}
@@ -264,7 +289,8 @@ def time_torch(graph, index, batch: int, cfg, device, min_questions: int, seed: 
             sub = slice_queries(q, c * chunk, min(batch, (c + 1) * chunk))
             _sync(device)
             t, tc = time.perf_counter(), time.process_time()
-            retrieve(graph, sub, cfg)
+            with meter:
+                retrieve(graph, sub, cfg)
             _sync(device)
             times.append(time.perf_counter() - t)
             cpu += time.process_time() - tc
@@ -282,7 +308,8 @@ def time_torch(graph, index, batch: int, cfg, device, min_questions: int, seed: 
             q = random_queries(index, batch, seed=seed + calls)
             _sync(device)
             t, tc = time.perf_counter(), time.process_time()
-            retrieve(graph, q, cfg)
+            with meter:
+                retrieve(graph, q, cfg)
             _sync(device)
             total += time.perf_counter() - t
             cpu += time.process_time() - tc
@@ -318,9 +345,10 @@ def run_size(passages, stats, args, device, log):
     if args.memory_budget:
         graph.memory_budget = args.memory_budget
     log(f"{passages:>9,} passages: {info['sentences']:,} sentences, {info['entities']:,} entities, "
-        f"build {info['build_s']:.2f} s, {info['index_bytes_per_passage']:.0f} B/passage")
+        f"build {info['build_s']:.2f} s ({info['build_cpu_s']:.2f} CPU s; again: {info['build_warm_s']:.2f} s), {info['index_bytes_per_passage']:.0f} B/passage")
     rows = []
-    common = {"passages": passages, "build_s": info["build_s"], "index_bytes": info["index_bytes"]}
+    common = {"passages": passages, "build_s": info["build_s"], "build_cpu_s": info["build_cpu_s"],
+              "index_bytes": info["index_bytes"]}
     for batch in args.batch:
         if "torch" in args.backends:
             r = time_torch(graph, index, batch, cfg, device, args.min_questions, args.seed + 1000 * batch,
@@ -329,7 +357,8 @@ def run_size(passages, stats, args, device, log):
             part = f", {r['chunks_timed']} of {r['chunks']} chunks of {r['questions_per_chunk']}" if "chunks" in r else ""
             log(f"    torch {str(device):>5} batch {batch:>5}: {r['queries_per_s']:9.2f} q/s "
                 f"({r['questions_timed']} questions{part}, {r['queries_per_cpu_s'] or 0:.2f} per CPU-second, "
-                f"peak {r['peak_mem_bytes'] / 2**30:.2f} GiB)")
+                f"peak {r['peak_mem_bytes'] / 2**30:.2f} GiB; PageRank {100 * (r['ppr_fraction_of_time'] or 0):.0f}% "
+                f"of the time, {r['ppr_modeled_GB_per_s'] or 0:.1f} GB/s modeled)")
     del graph  # the scipy reference's float64 copies take its place in memory
     gc.collect()
     if "scipy" in args.backends:
@@ -359,16 +388,36 @@ def summarise(result: dict) -> dict:
     sizes = sorted(result["sizes"], key=lambda s: s["passages"])
     rows = result["rows"]
     build = fit_slope([s["passages"] for s in sizes], [s["build_s"] for s in sizes])
+    warm = [s for s in sizes if s.get("build_warm_s")]
+    build_warm = fit_slope([s["passages"] for s in warm], [s["build_warm_s"] for s in warm]) if warm else None
 
     def seconds_per_batch(backend, batch):
         pts = sorted((r["passages"], r["batch"] / r["queries_per_s"]) for r in rows
                      if r["backend"] == backend and r["batch"] == batch)
         return [p for p, _ in pts], [t for _, t in pts]
 
-    per = {}
+    per, per_cpu = {}, {}
     for backend in sorted({r["backend"] for r in rows}):
         for batch in sorted({r["batch"] for r in rows if r["backend"] == backend}):
             per[f"{backend}_batch{batch}"] = fit_slope(*seconds_per_batch(backend, batch))
+            pts = sorted((r["passages"], 1.0 / r["queries_per_cpu_s"]) for r in rows
+                         if r["backend"] == backend and r["batch"] == batch and r.get("queries_per_cpu_s"))
+            per_cpu[f"{backend}_batch{batch}"] = fit_slope([p for p, _ in pts], [t for _, t in pts])
+    build_cpu = fit_slope([s["passages"] for s in sizes if s.get("build_cpu_s")],
+                          [s["build_cpu_s"] for s in sizes if s.get("build_cpu_s")])
+    # the reference answers one question at a time: pool its rows of a size (all batch settings)
+    pooled = {}
+    for r in rows:
+        if r["backend"] == "scipy":
+            q, t, c = pooled.get(r["passages"], (0, 0.0, 0.0))
+            pooled[r["passages"]] = (q + r["questions_timed"], t + r["seconds"], c + (r.get("cpu_seconds") or 0.0))
+    vs_pooled = {}
+    for r in rows:
+        if r["backend"] == "torch" and r["passages"] in pooled:
+            q, t, c = pooled[r["passages"]]
+            vs_pooled.setdefault(str(r["passages"]), {})[str(r["batch"])] = {
+                "wall": r["queries_per_s"] / (q / t),
+                "cpu_time": (r["queries_per_cpu_s"] / (q / c)) if c and r.get("queries_per_cpu_s") else None}
     ratios, ratios_cpu = {}, {}
     for r in rows:
         if r["backend"] != "torch":
@@ -380,8 +429,13 @@ def summarise(result: dict) -> dict:
                 ratios_cpu.setdefault(str(r["passages"]), {})[str(r["batch"])] = (
                     r["queries_per_cpu_s"] / s[0]["queries_per_cpu_s"])
     big = max((r["batch"] for r in rows if r["backend"] == "torch"), default=None)
-    return {"slopes": {"build": build, "query": per.get(f"torch_batch{big}"), "query_batch": big, "per_backend_batch": per},
-            "torch_over_scipy": ratios, "torch_over_scipy_cpu_time": ratios_cpu}
+    return {"slopes": {"build": build, "build_warm": build_warm, "query": per.get(f"torch_batch{big}"), "query_batch": big,
+                       "per_backend_batch": per},
+            "slopes_cpu_time": {"build": build_cpu, "query": per_cpu.get(f"torch_batch{big}"),
+                                "per_backend_batch": per_cpu},
+            "torch_over_scipy": ratios, "torch_over_scipy_cpu_time": ratios_cpu,
+            "torch_over_scipy_pooled": vs_pooled,
+            "scipy_pooled_queries_per_s": {str(p): q / t for p, (q, t, _) in sorted(pooled.items())}}
 
 
 def plot(result: dict, png: Path) -> None:
@@ -396,6 +450,10 @@ def plot(result: dict, png: Path) -> None:
     P = [s["passages"] for s in sizes]
     ax[0, 0].loglog(P, [s["build_s"] for s in sizes], "o-", label=f"build (slope {result['slopes']['build']:.2f})"
                     if result["slopes"]["build"] is not None else "build")
+    warm = [s for s in sizes if s.get("build_warm_s")]
+    if warm:
+        ax[0, 0].loglog([s["passages"] for s in warm], [s["build_warm_s"] for s in warm], "s--",
+                        label=f"the same build again (slope {result['slopes'].get('build_warm') or 0:.2f})")
     ax[0, 0].set(title="structure build time (mentions -> device graph)", xlabel="passages", ylabel="seconds")
     styles = {"torch": "-", "scipy": "--"}
     for backend in ("torch", "scipy"):
@@ -464,6 +522,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, required=True, help="write (or with --merge, update) this JSON file")
     ap.add_argument("--png", type=Path, default=None, help="plots (default: the JSON path with .png)")
+    ap.add_argument("--glibc-default", action="store_true",
+                    help="leave glibc's allocator settings alone (default: memory.keep_freed_memory(), as the CLI does)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the sizes and rows of an existing --json file that this run does not redo")
     args = ap.parse_args(argv)
@@ -474,6 +534,9 @@ def main(argv=None) -> int:
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
     torch.set_num_threads(args.threads)
+    from linearrag_torch.memory import keep_freed_memory
+
+    malloc_kept = False if args.glibc_default else keep_freed_memory()
     try:  # the reference's BLAS gets the same number of threads
         from threadpoolctl import threadpool_limits
 
@@ -507,7 +570,8 @@ def main(argv=None) -> int:
         sizes[P] = info
         rows += new_rows
         result = {
-            "benchmark": "scaling", "date": DATE, "machine": machine(device, args.threads),
+            "benchmark": "scaling", "date": DATE, "machine": {**machine(device, args.threads),
+                                                              "malloc_keep_freed_memory": malloc_kept},
             "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.scaling"] + (argv or sys.argv[1:])),
             "config": RetrievalConfig().to_dict(), "synthetic_stats": stats, "generator": generator,
             "real_corpus": real,
@@ -518,7 +582,7 @@ def main(argv=None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1))  # after every size: a long run keeps what it did
     plot(result, args.png or args.json.with_suffix(".png"))
-    log(json.dumps({k: result[k] for k in ("slopes", "torch_over_scipy", "torch_over_scipy_cpu_time")}, indent=1))
+    log(json.dumps({k: result[k] for k in ("slopes", "slopes_cpu_time", "torch_over_scipy_pooled")}, indent=1))
     return 0
 
 

@@ -29,8 +29,23 @@ def test_scaling_benchmark_writes_slopes_rows_and_plot(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads(out.read_text())
-    assert set(res["slopes"]) >= {"build", "query"} and isinstance(res["slopes"]["build"], float)
+    assert set(res["slopes"]) >= {"build", "build_warm", "query"} and isinstance(res["slopes"]["build"], float)
+    assert all(s["build_warm_s"] > 0 for s in res["sizes"])
+    torch_rows = [r for r in res["rows"] if r["backend"] == "torch"]
+    assert all(r["ppr_step_calls"] > 0 and r["ppr_modeled_GB_per_s"] > 0 for r in torch_rows)
     keys = {"passages", "backend", "device", "batch", "queries_per_s", "build_s", "index_bytes", "peak_mem_bytes"}
     assert len(res["rows"]) == 2 * 2 * 2 and all(keys <= set(r) for r in res["rows"])
     assert {r["backend"] for r in res["rows"]} == {"torch", "scipy"}
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_kernels_benchmark_checks_agreement_and_writes_plot(tmp_path):
+    out = tmp_path / "kernels.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.kernels", "--passages", "1500", "--batch", "4",
+                           "--repeat", "1", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    ops = {r["op"] for r in res["rows"]}
+    assert {"ppr_step", "personalized_pagerank", "reference activation", "passage_reset (eq. 7)"} <= ops
+    assert all(r["max_abs_diff_vs_unfused"] < 1e-4 for r in res["rows"])
     assert out.with_suffix(".png").stat().st_size > 0
