@@ -400,7 +400,7 @@ def plot(rows: list, png: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     rows = [r for r in rows if r.get("speedup_vs_unfused")]
-    fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.2))
+    fig, ax = plt.subplots(figsize=(10.5, 0.32 * len(rows) + 1.2))
     labels = [f"{r['op']}: {r['impl']}" for r in rows]
     ax.barh(range(len(rows)), [r["speedup_vs_unfused"] for r in rows],
             color=["0.7" if r["speedup_vs_unfused"] == 1.0 else "tab:blue" for r in rows])
