@@ -127,7 +127,7 @@ def timing(device, sizes, batches, clock: Clock, copy_gbs: float, log) -> list:
                  "queries_per_s": B / ms * 1e3, "ppr_steps_per_call": meter.calls / (calls + 1),
                  "ppr_ms_per_call": ppr_ms, "ppr_modeled_bytes_per_call": ppr_bytes,
                  "ppr_GB_per_s": ppr_bytes / ppr_ms / 1e6 if ppr_ms else None,
-                 "questions_per_chunk": graph.questions_per_chunk()}
+                 "questions_per_chunk": graph.questions_per_chunk(None, cfg)}
             r["ppr_fraction_of_copy_bw"] = r["ppr_GB_per_s"] / copy_gbs if r["ppr_GB_per_s"] and copy_gbs else None
             if device.type == "cuda":
                 r["peak_mem_bytes"] = torch.cuda.max_memory_allocated(device)

@@ -67,12 +67,14 @@ def seed_entities(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, owne
     Returns (seeds [E, B], is_seed [E, B] bool). A graph entity seeded by several entities of one
     question keeps the largest cosine; ties between graph entities go to the lowest index.
     """
-    E = entity_emb.shape[0]
     keys, vals = seed_pairs(entity_emb, query_entity_emb, owner, batch)
-    seeds = torch.zeros(E * batch, dtype=entity_emb.dtype, device=entity_emb.device)
-    is_seed = torch.zeros(E * batch, dtype=torch.bool, device=entity_emb.device)
-    seeds[keys] = vals
-    is_seed[keys] = True
+    return dense_seeds(keys, vals, entity_emb.shape[0], batch)
+
+
+def dense_seeds(keys: torch.Tensor, vals: torch.Tensor, E: int, batch: int):
+    """(seeds [E, B], is_seed [E, B] bool) from seed_pairs' (keys, values)."""
+    seeds = torch.zeros(E * batch, dtype=vals.dtype, device=vals.device).index_copy_(0, keys, vals)
+    is_seed = torch.zeros(E * batch, dtype=torch.bool, device=vals.device).index_fill_(0, keys, True)
     return seeds.view(E, batch), is_seed.view(E, batch)
 
 

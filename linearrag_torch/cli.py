@@ -156,33 +156,34 @@ def _open_for_update(index_dir: str):
     return path
 
 
-def _growth(before: dict, after: dict) -> str:
-    return ", ".join(f"{after[k] - before[k]:+d} {k}" for k in ("sentences", "entities"))
-
-
-def cmd_add(args) -> int:
+def _update_index(index_dir: str, device: str, change, verb: str, preposition: str) -> int:
+    """Load INDEX_DIR under its writer lock, apply change(rag), save atomically, report the sizes
+    ("<verb> N passages (+S sentences, +E entities) <preposition> INDEX_DIR: now ...")."""
     from .api import LinearRAG
     from .index import index_lock
 
     t0 = time.perf_counter()
-    path = _open_for_update(args.index_dir)
+    path = _open_for_update(index_dir)
     with index_lock(path):  # held for the whole read-modify-write
-        rag = LinearRAG.load(path, device=args.device)
+        rag = LinearRAG.load(path, device=device)
         before = rag.index.summary()
-        rag.add(args.corpus, progress=not args.quiet)
+        change(rag)
         rag.save(path)
     after = rag.index.summary()
-    print(f"added {after['passages'] - before['passages']} passages ({_growth(before, after)}) to {args.index_dir}: "
-          f"now {after['passages']} passages, {after['sentences']} sentences, {after['entities']} entities "
-          f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    growth = ", ".join(f"{after[k] - before[k]:+d} {k}" for k in ("sentences", "entities"))
+    n = abs(after["passages"] - before["passages"])
+    print(f"{verb} {n} passages ({growth}) {preposition} {index_dir}: now {after['passages']} passages, "
+          f"{after['sentences']} sentences, {after['entities']} entities in {time.perf_counter() - t0:.1f} s",
+          file=sys.stderr)
     return 0
 
 
-def cmd_delete(args) -> int:
-    from .api import LinearRAG
-    from .index import index_lock
+def cmd_add(args) -> int:
+    return _update_index(args.index_dir, args.device, lambda rag: rag.add(args.corpus, progress=not args.quiet),
+                         "added", "to")
 
-    t0 = time.perf_counter()
+
+def cmd_delete(args) -> int:
     ids = []
     if args.ids is not None:
         ids += [x.strip() for x in args.ids.split(",")]
@@ -192,29 +193,14 @@ def cmd_delete(args) -> int:
         ids += _read_ids(Path(args.ids_file))
     if not ids:
         raise ValueError("no id given (--ids ID,... or --ids-file FILE)")
-    path = _open_for_update(args.index_dir)
-    with index_lock(path):
-        rag = LinearRAG.load(path, device="cpu")
-        before = rag.index.summary()
-        rag.delete(ids)
-        rag.save(path)
-    after = rag.index.summary()
-    print(f"deleted {before['passages'] - after['passages']} passages ({_growth(before, after)}) from {args.index_dir}: "
-          f"now {after['passages']} passages, {after['sentences']} sentences, {after['entities']} entities "
-          f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    return 0
+    return _update_index(args.index_dir, "cpu", lambda rag: rag.delete(ids), "deleted", "from")
 
 
 def _read_ids(path: Path) -> list:
     """Ids of an --ids-file: one per line (blank lines skipped), or JSON objects with an "id"."""
-    from .corpus import InputError
+    from .corpus import InputError, read_input
 
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a folder, expected a file of ids") from None
+    raw = read_input(path, "a file of ids")
     ids = []
     for lineno, line in enumerate(raw.split(b"\n"), 1):
         where = f"{path}, line {lineno}"

@@ -131,16 +131,21 @@ def check_question(q: str) -> str:
 
 
 # ---------------------------------------------------------------- helpers
-def _read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    """Yield (1-based line number, JSON object) for every line; blank lines only at the end."""
+def read_input(path: Path, expected: str) -> bytes:
+    """The bytes of an input file, or InputError naming the path (``expected``: what a folder should have been)."""
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except IsADirectoryError:
-        raise InputError(f"{path}: is a folder, expected a JSON-lines file") from None
+        raise InputError(f"{path}: is a folder, expected {expected}") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    """Yield (1-based line number, JSON object) for every line; blank lines only at the end."""
+    raw = read_input(path, "a JSON-lines file")
     if raw.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte order mark
         raw = raw[3:]
     lines = raw.split(b"\n")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from . import kernels
-from .activation import Activation, ActivePairs, propagate_paper, propagate_reference_pairs, seed_pairs
+from .activation import Activation, ActivePairs, dense_seeds, propagate_paper, propagate_reference_pairs, seed_pairs
 from .config import RetrievalConfig
 from .index import TriGraphIndex
 from .pagerank import ColumnEntries, PPRGraph, passage_reset_entries, personalized_pagerank
@@ -155,24 +155,18 @@ def activate_pairs(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalCo
     if not cfg.use_activation:
         act = ActivePairs(keys, vals, torch.ones_like(keys), vals, B)
     elif cfg.mode == "paper":
-        seeds, is_seed = _dense_seeds(keys, vals, graph.entity_emb.shape[0], B)
+        seeds, is_seed = dense_seeds(keys, vals, graph.entity_emb.shape[0], B)
         act = ActivePairs.from_dense(propagate_paper(graph.M, graph.MT, sigma, seeds, is_seed, cfg))
     else:
         act = propagate_reference_pairs(graph.M_crow, graph.M_col, graph.MT_crow, graph.MT_col, sigma, keys, vals, B, cfg)
     return keys, vals, act
 
 
-def _dense_seeds(keys, vals, E: int, B: int):
-    seeds = torch.zeros(E * B, dtype=vals.dtype, device=vals.device).index_copy_(0, keys, vals)
-    is_seed = torch.zeros(E * B, dtype=torch.bool, device=vals.device).index_fill_(0, keys, True)
-    return seeds.view(E, B), is_seed.view(E, B)
-
-
 def activate(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig):
     """Eqs. 3-5 for a batch as dense [E, B] tensors (diagnostics): (seeds, is_seed, Activation)."""
     B, E = queries.batch_size, graph.entity_emb.shape[0]
     keys, vals, act = activate_pairs(graph, queries, cfg)
-    seeds, is_seed = _dense_seeds(keys, vals, E, B)
+    seeds, is_seed = dense_seeds(keys, vals, E, B)
     return seeds, is_seed, act.dense(E)
 
 
@@ -258,5 +252,5 @@ def _retrieve_chunk(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalC
     idx, vals = top_k(scores, k)
     out = Retrieved(idx, vals)
     if trace:
-        return out, Trace(*_dense_seeds(seed_keys, seed_vals, E, B), act.dense(E), ~use_graph)
+        return out, Trace(*dense_seeds(seed_keys, seed_vals, E, B), act.dense(E), ~use_graph)
     return out

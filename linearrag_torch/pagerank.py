@@ -278,18 +278,15 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
     last = torch.full_like(total, float("inf"))
     running = torch.ones_like(valid)  # over the working columns
     for _ in range(cfg.ppr_max_iter):
+        g = None
         if active is not None and active.e.numel():
-            g = xp.new_zeros(xp.shape[1])
-            if graph.dangling_passage_idx.numel():
-                g += xp.index_select(0, graph.dangling_passage_idx).sum(0)
-            if graph.dangling_entity_idx.numel():
-                g += xe.index_select(0, graph.dangling_entity_idx).sum(0)
+            g = kernels.dangling_mass(graph, xp, xe)
             c = (1.0 - d) + d * g
             w = work_of[active.col]
             live = w >= 0
             xp_at = xp[active.p[live], w[live]]  # gathered before the step scratches xp, xe
             L_old = xe[active.bucket[live], w[live]]
-        change = kernels.ppr_step(graph, xp, xe, wrp, wre, d, bp, be)
+        change = kernels.ppr_step(graph, xp, xe, wrp, wre, d, bp, be, g)
         if active is not None and active.e.numel():
             change = change + _leaf_correction(active, live, w, xp_at, L_old, be, c, running, d)
         if TRACE_CHANGES is not None:

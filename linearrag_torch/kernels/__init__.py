@@ -13,13 +13,13 @@ is given: the Triton kernel when they are on CUDA and Triton imports, else a pur
 | topk_columns | topk.py | a stable descending sort of [B, P] for the final top-k |
 """
 from ._dispatch import triton_available, use_triton
-from .ppr import ppr_step, ppr_step_reference
+from .ppr import dangling_mass, ppr_step, ppr_step_reference
 from .propagate import propagate_step
 from .segment_topk import gather_sigma, segment_argmax, segment_positions, segment_topk_sigma, top_k_per_segment
 from .sparse_rhs import spmm_sparse_rhs
 from .topk import topk_columns
 
 __all__ = [
-    "gather_sigma", "ppr_step", "ppr_step_reference", "propagate_step", "segment_argmax", "segment_positions",
+    "dangling_mass", "gather_sigma", "ppr_step", "ppr_step_reference", "propagate_step", "segment_argmax", "segment_positions",
     "segment_topk_sigma", "spmm_sparse_rhs", "top_k_per_segment", "topk_columns", "triton_available", "use_triton",
 ]

@@ -20,8 +20,18 @@ if TYPE_CHECKING:
     from ..pagerank import PPRGraph
 
 
+def dangling_mass(graph: "PPRGraph", xp: torch.Tensor, xe: torch.Tensor) -> torch.Tensor:
+    """g [B]: the iterate's mass on the nodes of strength 0 (passages and entity rows), per column."""
+    g = xp.new_zeros(xp.shape[1])
+    if graph.dangling_passage_idx.numel():
+        g += xp.index_select(0, graph.dangling_passage_idx).sum(0)
+    if graph.dangling_entity_idx.numel():
+        g += xe.index_select(0, graph.dangling_entity_idx).sum(0)
+    return g
+
+
 def ppr_step(graph: "PPRGraph", xp: torch.Tensor, xe: torch.Tensor, rp: torch.Tensor, re: torch.Tensor,
-             damping: float, out_p: torch.Tensor, out_e: torch.Tensor) -> torch.Tensor:
+             damping: float, out_p: torch.Tensor, out_e: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
     """One step of x <- (1 - d) r + d (walk(x) + g(x) r) on B columns at once:
 
         g       = sum of x over the dangling nodes (strength 0)                      [B]
@@ -31,14 +41,12 @@ def ppr_step(graph: "PPRGraph", xp: torch.Tensor, xe: torch.Tensor, rp: torch.Te
 
     W_pe = graph.to_passages, W_ep = graph.to_entities, W_pp = graph.between_passages (or none).
     Writes p', e' into ``out_p``, ``out_e`` (distinct from every input) and returns ``change``;
-    ``xp`` and ``xe`` are used as scratch and hold garbage afterwards.
+    ``xp`` and ``xe`` are used as scratch and hold garbage afterwards. ``g``: dangling_mass(graph, xp, xe)
+    if the caller already has it.
     """
     d = float(damping)
-    g = xp.new_zeros(xp.shape[1])
-    if graph.dangling_passage_idx.numel():
-        g += xp.index_select(0, graph.dangling_passage_idx).sum(0)
-    if graph.dangling_entity_idx.numel():
-        g += xe.index_select(0, graph.dangling_entity_idx).sum(0)
+    if g is None:
+        g = dangling_mass(graph, xp, xe)
     coef = (1.0 - d) + d * g
     if use_triton(xp):
         return _ppr_step_triton(graph, xp, xe, rp, re, d, coef, out_p, out_e)
