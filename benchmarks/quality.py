@@ -15,8 +15,6 @@ import hashlib
 import json
 import os
 import platform
-import re
-import string
 import sys
 import time
 from collections import defaultdict
@@ -31,6 +29,7 @@ import torch  # noqa: E402
 from linearrag_torch import LinearRAG  # noqa: E402
 from linearrag_torch.config import IndexConfig, RetrievalConfig  # noqa: E402
 from linearrag_torch.corpus import read_questions  # noqa: E402
+from linearrag_torch.metrics import answer_in_context, normalize_answer  # noqa: E402,F401
 from linearrag_torch.queries import EncodedQueries, Retrieved  # noqa: E402
 
 TOP_K = 10
@@ -95,25 +94,7 @@ def index_config_for(name: str):
 
 
 # ---------------------------------------------------------------------------------------- metrics
-_PUNCT = set(string.punctuation)
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-
-
-def normalize_answer(s: str) -> str:
-    """Lower-case, strip punctuation, drop the articles a/an/the, squeeze whitespace (SQuAD style)."""
-    s = str(s).lower()
-    s = "".join(ch for ch in s if ch not in _PUNCT)
-    s = _ARTICLES.sub(" ", s)
-    return " ".join(s.split())
-
-
-def answer_in_context(answers, context_norm: str) -> bool:
-    """Any non-empty normalised answer is a substring of the normalised context."""
-    for a in answers or ():
-        na = normalize_answer(a)
-        if na and na in context_norm:
-            return True
-    return False
+# normalize_answer / answer_in_context: linearrag_torch.metrics (shared with benchmarks.qa)
 
 
 def per_question_metrics(ranked_ids: list, gold: list, answers: list, passage_norm) -> dict:

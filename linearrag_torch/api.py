@@ -175,6 +175,15 @@ class LinearRAG:
         hits = self.hits(out)
         return hits[0] if single else hits
 
+    def answer(self, questions, llm=None, top_k: int = 5, **overrides):
+        """Answers from a chat model given each question's top-k passages (see generation.answer_batch):
+        an Answer (answer, reply, passages, ...) per question, or one for a single string. ``llm``: a
+        generation.LLM, a dict of its arguments, or None (LINEARRAG_LLM_* environment variables)."""
+        from .generation import answer_batch
+
+        out = answer_batch(self, questions, llm, top_k, **overrides)
+        return out[0] if isinstance(questions, str) else out
+
     def hits(self, out: Retrieved) -> list[list[Hit]]:
         idx, scores = out.indices.cpu().tolist(), out.scores.cpu().tolist()
         ix = self.index

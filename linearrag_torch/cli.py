@@ -1,4 +1,4 @@
-"""Command line: `linearrag index | add | delete | query | demo` (run `linearrag COMMAND --help`)."""
+"""Command line: `linearrag index | add | delete | query | answer | demo` (run `linearrag COMMAND --help`)."""
 from __future__ import annotations
 
 import argparse
@@ -113,6 +113,26 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--batch-size", type=_positive_int, default=256, help="questions per batched call (default %(default)s)")
     _device_arg(q)
     _add_settings(q, stored=True)
+
+    an = sub.add_parser("answer", help="answer questions with a chat model from the retrieved passages",
+                        description="Retrieve the top-k passages of each question (arguments, or --questions "
+                                    "FILE.jsonl), ask an OpenAI-compatible chat model to reason briefly and end with "
+                                    "'Answer: ...', and print the parsed answers. Replies are cached on disk, so a "
+                                    "rerun costs no tokens. An endpoint error prints one line naming the URL and the "
+                                    "HTTP status and exits 2.")
+    an.add_argument("index_dir", metavar="INDEX_DIR")
+    an.add_argument("question", nargs="*", help="question text(s)")
+    an.add_argument("--questions", metavar="FILE.jsonl", help='JSON lines with "question" and optional "id"')
+    an.add_argument("--top-k", type=_positive_int, default=5, help="passages shown to the model (default %(default)s)")
+    an.add_argument("--json", action="store_true",
+                    help='one JSON object per question per line: {"id", "question", "answer", "reply", "marker_found", '
+                         '"cached", "usage", "passages": [{"id", "score", "title"}]}')
+    an.add_argument("--batch-size", type=_positive_int, default=256, help="questions per retrieval call (default %(default)s)")
+    _device_arg(an)
+    from .generation import add_llm_flags
+
+    add_llm_flags(an)
+    _add_settings(an, stored=True)
 
     d = sub.add_parser("demo", help="index the bundled sample corpus and answer its multi-hop questions",
                        description="Index a few hundred bundled 2WikiMultiHopQA passages (cached after the first run) "
@@ -253,6 +273,41 @@ def _snippet(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+def cmd_answer(args) -> int:
+    from .api import LinearRAG
+    from .corpus import read_questions
+    from .generation import LLMError, answer_batch, llm_from_args
+
+    items = [{"id": i, "question": q} for i, q in enumerate(args.question)]
+    if args.questions:
+        items += read_questions(args.questions)
+    if not items:
+        raise ValueError("no question given (pass QUESTION arguments or --questions FILE.jsonl)")
+    try:
+        llm = llm_from_args(args)  # a missing URL or model fails before the index loads
+        rag = LinearRAG.load(args.index_dir, device=args.device)
+        rag.config = _retrieval_config(args, rag.config)
+        hits = []
+        for start in range(0, len(items), args.batch_size):
+            hits += rag.search([it["question"] for it in items[start:start + args.batch_size]], top_k=args.top_k)
+        answers = answer_batch(hits, [it["question"] for it in items], llm, top_k=args.top_k)
+    except LLMError as exc:
+        print(f"linearrag answer: error: {exc}", file=sys.stderr)
+        return 2
+    for it, a in zip(items, answers):
+        if args.json:
+            d = a.to_dict(include_text=False)
+            print(json.dumps({"id": it["id"], **d}, ensure_ascii=False))
+        else:
+            print(f"Q {it['id']}: {it['question']}")
+            print(f"  A: {a.answer}" + ("" if a.marker_found else "  (no 'Answer:' line: the whole reply)"))
+            print("  from: " + "; ".join(f"[{p.id}] {p.title or _snippet(p.text, 40)}" for p in a.passages))
+    spent = sum(a.usage.get("total_tokens", 0) for a in answers if not a.cached)
+    print(f"answered {len(answers)} questions with {llm.model}: {sum(a.cached for a in answers)} replies from the "
+          f"cache, {spent} tokens spent", file=sys.stderr)
+    return 0
+
+
 def cmd_demo(args) -> int:
     from .demo import run_demo
 
@@ -271,6 +326,7 @@ def main(argv=None) -> int:
 
     try:
         commands = {"index": cmd_index, "add": cmd_add, "delete": cmd_delete, "query": cmd_query, "demo": cmd_demo}
+        commands["answer"] = cmd_answer
         return commands[args.command](args)
     except (InputError, IndexFormatError, ValueError, FileNotFoundError, OSError) as exc:
         print(f"linearrag {args.command}: error: {exc}", file=sys.stderr)
