@@ -114,6 +114,17 @@ def parser() -> argparse.ArgumentParser:
     _device_arg(q)
     _add_settings(q, stored=True)
 
+    sv = sub.add_parser("serve", help="serve an index over HTTP with dynamic batching, limits and metrics",
+                        description="Serve INDEX_DIR over HTTP (FastAPI on uvicorn; needs pip install "
+                                    "'linearrag_torch[serve]'). Concurrent requests are batched into one engine call "
+                                    "(up to --max-batch-size questions or --max-wait-ms). Routes: POST /v1/search, "
+                                    "GET /health, /info, /metrics (Prometheus), POST /admin/reload, and the OpenAPI "
+                                    "page at /docs. SIGTERM answers the requests in flight, then exits 0.")
+    sv.add_argument("index_dir", metavar="INDEX_DIR")
+    from .serve.settings import add_flags
+
+    add_flags(sv)
+
     an = sub.add_parser("answer", help="answer questions with a chat model from the retrieved passages",
                         description="Retrieve the top-k passages of each question (arguments, or --questions "
                                     "FILE.jsonl), ask an OpenAI-compatible chat model to reason briefly and end with "
@@ -273,6 +284,17 @@ def _snippet(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+def cmd_serve(args) -> int:
+    try:
+        from .serve.app import serve
+    except ImportError as exc:
+        raise ValueError(f"serving needs the 'serve' extra: pip install 'linearrag_torch[serve]' ({exc})") from None
+    from .serve.settings import from_args
+
+    _open_for_update(args.index_dir)  # a clear error now for a folder that holds no index
+    return serve(args.index_dir, from_args(args))
+
+
 def cmd_answer(args) -> int:
     from .api import LinearRAG
     from .corpus import read_questions
@@ -325,7 +347,8 @@ def main(argv=None) -> int:
     from .index import IndexFormatError
 
     try:
-        commands = {"index": cmd_index, "add": cmd_add, "delete": cmd_delete, "query": cmd_query, "demo": cmd_demo}
+        commands = {"index": cmd_index, "add": cmd_add, "delete": cmd_delete, "query": cmd_query, "demo": cmd_demo,
+                    "serve": cmd_serve}
         commands["answer"] = cmd_answer
         return commands[args.command](args)
     except (InputError, IndexFormatError, ValueError, FileNotFoundError, OSError) as exc:

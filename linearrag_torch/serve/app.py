@@ -1,0 +1,88 @@
+"""The standalone server: a FastAPI app around one LinearRAGService, run by uvicorn (`linearrag serve`)."""
+from __future__ import annotations
+
+import hmac
+import logging
+import signal
+import sys
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from .. import __version__
+from .service import LinearRAGService
+from .settings import ServeSettings
+
+DOC_PATHS = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+
+
+class _DocsAuth:
+    """ASGI middleware: the OpenAPI pages need the API key too (the service's routes check it themselves)."""
+
+    def __init__(self, app, key: str):
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] in DOC_PATHS:
+            auth = dict(scope["headers"]).get(b"authorization", b"")
+            scheme, _, token = auth.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+                resp = JSONResponse({"detail": "missing or wrong API key (send 'Authorization: Bearer KEY')"},
+                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                return await resp(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+def create_app(service: LinearRAGService) -> FastAPI:
+    """A FastAPI app serving ``service`` at the root; its lifespan starts and stops the service."""
+    app = FastAPI(title="linearrag_torch", version=__version__, lifespan=service.lifespan,
+                  description="LinearRAG graph retrieval: POST /v1/search with dynamic batching. "
+                              "Limits: see GET /info (server).")
+    app.include_router(service.router)
+    if service.settings.api_key:
+        app.add_middleware(_DocsAuth, key=service.settings.api_key)
+    app.state.linearrag = service
+    return app
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, except that SIGTERM is a normal stop: after the drain the process exits 0
+        (uvicorn re-raises a captured signal once it has shut down, which would end it with -15)."""
+
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            if sig == signal.SIGTERM:
+                self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
+
+    return Server
+
+
+def serve(index_dir, settings: ServeSettings) -> int:
+    """Run the server until SIGINT/SIGTERM (requests in flight are answered first); 0 on a clean stop,
+    1 when the index could not be loaded."""
+    import uvicorn
+
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    service = LinearRAGService(index_dir, settings)
+    app = create_app(service)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            timeout_graceful_shutdown=settings.graceful_timeout, access_log=False)
+    server = _server_class()(config)
+    failed = []
+
+    def fatal(exc):
+        failed.append(exc)
+        server.should_exit = True
+
+    service.on_fatal = fatal
+    server.run()
+    if failed:
+        print(f"linearrag serve: error: cannot serve {index_dir}: {failed[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+__all__ = ["create_app", "serve"]

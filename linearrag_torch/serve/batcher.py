@@ -1,0 +1,190 @@
+"""Dynamic batching: questions from concurrent requests coalesced into one engine call.
+
+The event loop never runs the engine. Requests put their questions in a FIFO queue and await a
+future; one collector task forms a batch as soon as the engine is free and either
+``max_batch_size`` questions are waiting or the oldest of them has waited ``max_wait_ms``, and hands it
+to the single engine thread. Only questions with the same settings share a batch (the engine runs
+one RetrievalConfig per call); a request with more questions than ``max_batch_size`` is split into
+several entries. A request that gave up (timeout, client gone) before its batch formed is dropped
+from the queue and costs no engine time.
+
+The engine results of one question do not depend on the batch it rode in (the engine's chunking
+contract), so batching changes throughput and latency, never answers.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Sequence
+
+# run_batch(key, questions) -> one result per question, called on the engine thread
+RunBatch = Callable[[Hashable, list], list]
+
+
+@dataclass
+class _Entry:
+    key: Hashable
+    questions: list
+    future: asyncio.Future
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class BatchStats:
+    """What one engine call did; passed to the ``on_batch`` callback (metrics)."""
+
+    size: int  # questions in the batch
+    requests: int  # queue entries (request parts) in the batch
+    queue_waits: list  # seconds each entry waited in the queue
+    engine_s: float  # seconds of the engine call
+    error: BaseException | None = None
+
+
+class Batcher:
+    """Coalesces ``submit`` calls into engine calls of up to ``max_batch_size`` questions.
+
+    ``run_batch(key, questions)`` runs on one dedicated thread (the engine's models are used by that
+    thread only); ``call(fn)`` runs any other function on that same thread, between batches.
+    Start with ``start()`` inside the event loop, stop with ``await stop()`` (finishes what is queued).
+    """
+
+    def __init__(self, run_batch: RunBatch, max_batch_size: int = 64, max_wait_ms: float = 5.0,
+                 on_batch: Callable[[BatchStats], None] | None = None):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
+        self.run_batch = run_batch
+        self.max_batch_size = max_batch_size
+        self.max_wait = max_wait_ms / 1000.0
+        self.on_batch = on_batch
+        self._queue: deque[_Entry] = deque()
+        self._waiting = 0  # questions in the queue
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="linearrag-engine")
+        self._stopping = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the collector task on the running event loop."""
+        if self._task is None:
+            self._wake = asyncio.Event()
+            self._stopping = False
+            self._task = asyncio.get_running_loop().create_task(self._collect(), name="linearrag-batcher")
+
+    async def stop(self) -> None:
+        """Answer everything already queued, then stop the collector and the engine thread."""
+        if self._task is not None:
+            self._stopping = True
+            self._wake.set()
+            await self._task
+            self._task = None
+        self._executor.shutdown(wait=True)
+
+    @property
+    def queued(self) -> int:
+        """Questions waiting for a batch."""
+        return self._waiting
+
+    # ------------------------------------------------------------------ use
+    async def submit(self, key: Hashable, questions: Sequence) -> list:
+        """One result per question, in order. Cancelling the awaiting task drops the questions that
+        have not reached the engine yet."""
+        if self._task is None or self._stopping:
+            raise RuntimeError("the batcher is not running")
+        loop = asyncio.get_running_loop()
+        questions = list(questions)
+        entries = []
+        for start in range(0, len(questions), self.max_batch_size):
+            part = questions[start:start + self.max_batch_size]
+            entries.append(_Entry(key, part, loop.create_future()))
+        for e in entries:
+            self._queue.append(e)
+            self._waiting += len(e.questions)
+        self._wake.set()
+        try:
+            parts = await asyncio.gather(*(e.future for e in entries))
+        except BaseException:
+            for e in entries:
+                e.future.cancel()  # the collector skips cancelled entries
+            raise
+        return [r for part in parts for r in part]
+
+    async def call(self, fn: Callable, *args):
+        """Run ``fn(*args)`` on the engine thread (between batches) and return its result."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    # ------------------------------------------------------------------ the collector
+    async def _collect(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._drop_cancelled()
+            if not self._queue:
+                if self._stopping:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if self._waiting < self.max_batch_size and not self._stopping:
+                remaining = self.max_wait - (time.perf_counter() - self._queue[0].enqueued)
+                if remaining > 0:
+                    self._wake.clear()
+                    try:  # woken early by a new entry: re-check the size
+                        await asyncio.wait_for(self._wake.wait(), remaining)
+                    except asyncio.TimeoutError:
+                        pass
+                    if self._waiting < self.max_batch_size and \
+                            time.perf_counter() - self._queue[0].enqueued < self.max_wait:
+                        continue
+            batch = self._take()
+            if not batch:
+                continue
+            questions = [q for e in batch for q in e.questions]
+            now = time.perf_counter()
+            waits = [now - e.enqueued for e in batch]
+            t0 = time.perf_counter()
+            error = None
+            try:
+                results = await loop.run_in_executor(self._executor, self.run_batch, batch[0].key, questions)
+                if len(results) != len(questions):
+                    raise RuntimeError(f"the engine returned {len(results)} results for {len(questions)} questions")
+            except Exception as exc:  # reported to each request of the batch
+                error = exc
+            engine_s = time.perf_counter() - t0
+            pos = 0
+            for e in batch:
+                if not e.future.done():
+                    if error is not None:
+                        e.future.set_exception(error)
+                    else:
+                        e.future.set_result(results[pos:pos + len(e.questions)])
+                pos += len(e.questions)
+            if self.on_batch is not None:
+                self.on_batch(BatchStats(len(questions), len(batch), waits, engine_s, error))
+
+    def _drop_cancelled(self) -> None:
+        if any(e.future.done() for e in self._queue):
+            kept = deque(e for e in self._queue if not e.future.done())
+            self._waiting = sum(len(e.questions) for e in kept)
+            self._queue = kept
+
+    def _take(self) -> list[_Entry]:
+        """The oldest entry and, in FIFO order, the next entries with its key that still fit."""
+        self._drop_cancelled()
+        if not self._queue:
+            return []
+        key = self._queue[0].key
+        batch, rest, n = [], deque(), 0
+        for e in self._queue:
+            if e.key == key and n + len(e.questions) <= self.max_batch_size:
+                batch.append(e)
+                n += len(e.questions)
+            else:
+                rest.append(e)
+        self._queue = rest
+        self._waiting -= n
+        return batch

@@ -1,0 +1,75 @@
+"""The server's settings: one dataclass, the help text beside each field, the CLI flags made from it."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
+
+API_KEY_ENV = "LINEARRAG_API_KEY"
+
+
+def _f(default, help: str, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class ServeSettings:
+    """How `linearrag serve` (or a LinearRAGService mounted in another app) batches, limits and reloads."""
+
+    host: str = _f("127.0.0.1", "address to bind (0.0.0.0 exposes the server to the network)")
+    port: int = _f(8000, "TCP port (0: any free port)")
+    device: str = _f("auto", "auto (CUDA when present), cpu, cuda or cuda:N")
+    max_batch_size: int = _f(64, "most questions in one engine call (1 turns dynamic batching off)")
+    max_wait_ms: float = _f(5.0, "longest a question waits for others to join its batch, in ms")
+    max_concurrent: int = _f(256, "requests answered at once; one more gets 429 with Retry-After")
+    timeout: float = _f(30.0, "seconds a request may take before it gets 504")
+    max_body_bytes: int = _f(1 << 20, "largest request body; a larger one gets 413")
+    max_questions: int = _f(256, "most questions in one request")
+    max_question_chars: int = _f(2000, "longest question, in characters")
+    max_top_k: int = _f(100, "largest top_k a request may ask for")
+    api_key: str | None = _f(None, f"require 'Authorization: Bearer KEY' on every route but /health "
+                                   f"(default: ${API_KEY_ENV} if set)", flag_type=str)
+    watch: float = _f(0.0, "check INDEX_DIR/index.json every this many seconds and reload when it changes "
+                           "(0: only POST /admin/reload)")
+    memory_budget: str | None = _f(None, "working memory of one engine call, e.g. 2G (default: "
+                                         "$LINEARRAG_MEMORY_BUDGET, else half the free GPU memory / a quarter of RAM "
+                                         "up to 4G); set it when another process shares the GPU", flag_type=str)
+    graceful_timeout: float = _f(30.0, "on SIGTERM, seconds to let requests in flight finish")
+    log_level: str = _f("info", "uvicorn log level", choices=("critical", "error", "warning", "info", "debug"))
+
+    def __post_init__(self) -> None:
+        if self.api_key is None:
+            self.api_key = os.environ.get(API_KEY_ENV) or None
+        for name in ("max_batch_size", "max_concurrent", "max_body_bytes", "max_questions", "max_question_chars",
+                     "max_top_k"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_wait_ms", "watch"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.timeout <= 0 or self.graceful_timeout < 0:
+            raise ValueError("timeout must be > 0 and graceful_timeout >= 0")
+
+    def public(self) -> dict:
+        """The settings without secrets (for /info and logs)."""
+        d = dataclasses.asdict(self)
+        d["api_key"] = "set" if self.api_key else None
+        return d
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """One --flag per ServeSettings field, help and defaults from the field."""
+    g = p.add_argument_group("server settings")
+    defaults = ServeSettings.__dataclass_fields__
+    for f in fields(ServeSettings):
+        meta = f.metadata
+        typ = meta.get("flag_type") or type(defaults[f.name].default)
+        kw = {"choices": meta["choices"]} if "choices" in meta else {}
+        shown = "none" if f.default is None else f.default
+        g.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=typ, default=f.default,
+                       help=meta["help"] if "(default" in meta["help"] else f"{meta['help']} (default {shown})", **kw)
+
+
+def from_args(args) -> ServeSettings:
+    return ServeSettings(**{f.name: getattr(args, f.name) for f in fields(ServeSettings)})

@@ -1,0 +1,167 @@
+"""The dynamic batcher on its own: coalescing, limits of a batch, settings kept apart, cancellation,
+errors. The engine here is a recording function, so each batch it was handed can be checked."""
+import asyncio
+import threading
+import time
+
+import pytest
+
+from linearrag_torch.serve.batcher import Batcher
+
+
+class Recorder:
+    """run_batch that answers each question with (question, batch number) after ``delay`` seconds."""
+
+    def __init__(self, delay=0.0, fail_on=None):
+        self.batches, self.delay, self.fail_on = [], delay, fail_on
+        self.threads = set()
+
+    def __call__(self, key, questions):
+        self.threads.add(threading.get_ident())
+        time.sleep(self.delay)
+        self.batches.append((key, list(questions)))
+        if self.fail_on is not None and self.fail_on in questions:
+            raise RuntimeError(f"cannot answer {self.fail_on}")
+        return [(q, len(self.batches)) for q in questions]
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_concurrent_requests_share_an_engine_call_and_keep_their_order():
+    rec = Recorder()
+
+    async def main():
+        b = Batcher(rec, max_batch_size=64, max_wait_ms=200)
+        b.start()
+        outs = await asyncio.gather(*(b.submit("cfg", [f"q{i}a", f"q{i}b"]) for i in range(5)))
+        await b.stop()
+        return outs
+
+    outs = run(main())
+    assert len(rec.batches) == 1 and len(rec.batches[0][1]) == 10  # 5 requests, one call
+    for i, out in enumerate(outs):
+        assert [q for q, _ in out] == [f"q{i}a", f"q{i}b"]
+
+
+def test_a_full_batch_does_not_wait_for_max_wait():
+    rec = Recorder()
+
+    async def main():
+        b = Batcher(rec, max_batch_size=4, max_wait_ms=10_000)
+        b.start()
+        t0 = time.perf_counter()
+        await asyncio.gather(*(b.submit("cfg", [i]) for i in range(8)))
+        elapsed = time.perf_counter() - t0
+        await b.stop()
+        return elapsed
+
+    elapsed = run(main())
+    assert [len(q) for _, q in rec.batches] == [4, 4]
+    assert elapsed < 5  # far below the 10 s max_wait: full batches go at once
+
+
+def test_batches_never_exceed_max_batch_size_and_big_requests_are_split():
+    rec = Recorder(delay=0.01)
+
+    async def main():
+        b = Batcher(rec, max_batch_size=3, max_wait_ms=20)
+        b.start()
+        big = b.submit("cfg", list(range(10)))
+        small = [b.submit("cfg", [100 + i]) for i in range(5)]
+        outs = await asyncio.gather(big, *small)
+        await b.stop()
+        return outs
+
+    outs = run(main())
+    assert all(len(q) <= 3 for _, q in rec.batches)
+    assert [q for q, _ in outs[0]] == list(range(10))
+    assert sorted(q for _, qs in rec.batches for q in qs) == list(range(10)) + [100 + i for i in range(5)]
+
+
+def test_different_settings_never_share_a_batch():
+    rec = Recorder()
+
+    async def main():
+        b = Batcher(rec, max_batch_size=64, max_wait_ms=100)
+        b.start()
+        await asyncio.gather(*(b.submit(("delta", d), [f"{d}-{i}"]) for i in range(3) for d in (0.3, 0.4)))
+        await b.stop()
+
+    run(main())
+    assert len(rec.batches) == 2
+    for key, qs in rec.batches:
+        assert all(q.startswith(f"{key[1]}-") for q in qs)
+
+
+def test_engine_runs_on_one_thread_that_is_not_the_event_loop():
+    rec = Recorder()
+
+    async def main():
+        b = Batcher(rec, max_batch_size=2, max_wait_ms=1)
+        b.start()
+        await asyncio.gather(*(b.submit("k", [i]) for i in range(6)))
+        loop_thread = threading.get_ident()
+        other = await b.call(threading.get_ident)
+        await b.stop()
+        return loop_thread, other
+
+    loop_thread, other = run(main())
+    assert rec.threads == {other} and other != loop_thread
+
+
+def test_a_request_that_gave_up_before_its_batch_costs_no_engine_time():
+    rec = Recorder(delay=0.3)
+
+    async def main():
+        b = Batcher(rec, max_batch_size=1, max_wait_ms=0)
+        b.start()
+        first = asyncio.ensure_future(b.submit("k", ["busy"]))
+        await asyncio.sleep(0.05)  # the engine is now busy with "busy"
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(b.submit("k", ["abandoned"]), 0.05)
+        await first
+        await b.submit("k", ["after"])
+        await b.stop()
+
+    run(main())
+    assert [qs for _, qs in rec.batches] == [["busy"], ["after"]]
+
+
+def test_an_engine_error_reaches_every_request_of_its_batch_and_the_batcher_goes_on():
+    rec = Recorder(fail_on="bad")
+
+    async def main():
+        b = Batcher(rec, max_batch_size=8, max_wait_ms=100)
+        b.start()
+        res = await asyncio.gather(b.submit("k", ["good"]), b.submit("k", ["bad"]), return_exceptions=True)
+        after = await b.submit("k", ["later"])
+        await b.stop()
+        return res, after
+
+    res, after = run(main())
+    assert all(isinstance(r, RuntimeError) and "cannot answer bad" in str(r) for r in res)
+    assert after[0][0] == "later"
+
+
+def test_stop_answers_what_is_queued_first():
+    rec = Recorder(delay=0.05)
+
+    async def main():
+        b = Batcher(rec, max_batch_size=1, max_wait_ms=0)
+        b.start()
+        pending = [asyncio.ensure_future(b.submit("k", [i])) for i in range(4)]
+        await asyncio.sleep(0.01)
+        await b.stop()
+        return await asyncio.gather(*pending)  # all answered, none failed
+
+    outs = run(main())
+    assert [o[0][0] for o in outs] == [0, 1, 2, 3]
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="max_batch_size"):
+        Batcher(Recorder(), max_batch_size=0)
+    with pytest.raises(ValueError, match="max_wait_ms"):
+        Batcher(Recorder(), max_wait_ms=-1)

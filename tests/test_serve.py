@@ -1,0 +1,389 @@
+"""`linearrag serve` and its library pieces, on real uvicorn servers on 127.0.0.1 with the small index.
+
+Results are checked against LinearRAG.search in process; every limit and error path of the HTTP API; a
+reload under concurrent load; SIGTERM drain of the real command; mounting into another FastAPI app.
+"""
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
+httpx = pytest.importorskip("httpx")
+import uvicorn  # noqa: E402
+from fastapi import FastAPI  # noqa: E402
+
+from linearrag_torch import LinearRAG  # noqa: E402
+from linearrag_torch.serve import LinearRAGService, ServeSettings, create_app  # noqa: E402
+
+TIMEOUT = 60  # seconds any single wait in these tests may take
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running(app):
+    """Serve ``app`` with uvicorn on 127.0.0.1 in a thread; yields the base URL; stops it afterwards."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + TIMEOUT
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(TIMEOUT)
+
+
+def wait_ready(url, headers=None):
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        r = httpx.get(url + "/health", headers=headers)
+        if r.status_code == 200:
+            return r.json()
+        assert time.monotonic() < deadline, f"not ready: {r.text}"
+        time.sleep(0.05)
+
+
+@contextmanager
+def serving(small_rag, index_dir=None, **settings):
+    service = LinearRAGService(index_dir, ServeSettings(**settings), rag=small_rag)
+    with running(create_app(service)) as url:
+        wait_ready(url)
+        yield url, service
+
+
+def as_pairs(hits):
+    return [(h["id"], h["title"], h["score"]) for h in hits]
+
+
+def expected(rag, questions, top_k=5, **overrides):
+    return [[(h.id, h.title, h.score) for h in hs] for hs in rag.search(questions, top_k=top_k, **overrides)]
+
+
+def assert_same(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert [x[:2] for x in g] == [x[:2] for x in w]
+        assert all(abs(a[2] - b[2]) < 1e-5 for a, b in zip(g, w))
+
+
+# ------------------------------------------------------------------------------------------ results
+def test_results_equal_rag_search(small_rag, small_questions):
+    qs = [q["question"] for q in small_questions]
+    with serving(small_rag) as (url, _):
+        r = httpx.post(url + "/v1/search", json={"questions": qs, "top_k": 4, "include_text": True}, timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        res = r.json()["results"]
+        assert [x["question"] for x in res] == qs
+        assert_same([as_pairs(x["hits"]) for x in res], expected(small_rag, qs, top_k=4))
+        texts = {h.id: h.text for hs in small_rag.search(qs, top_k=4) for h in hs}
+        assert all(h["text"] == texts[h["id"]] for x in res for h in x["hits"])
+        one = httpx.post(url + "/v1/search", json={"question": qs[0]}, timeout=TIMEOUT).json()["results"]
+        assert len(one) == 1 and "text" not in one[0]["hits"][0]
+        assert len(one[0]["hits"]) == small_rag.config.top_k
+        paper = httpx.post(url + "/v1/search", json={"question": qs[1], "mode": "paper", "delta": 0.3},
+                           timeout=TIMEOUT).json()["results"]
+        assert_same([as_pairs(paper[0]["hits"])], expected(small_rag, [qs[1]], mode="paper", delta=0.3))
+
+
+def test_an_answer_does_not_depend_on_the_batch_it_rode_in(small_rag, small_questions):
+    qs = [q["question"] for q in small_questions]
+    alone = [expected(small_rag, [q], top_k=5)[0] for q in qs]
+    with serving(small_rag, max_wait_ms=300, max_batch_size=64) as (url, service):
+        async def burst():
+            async with httpx.AsyncClient(timeout=TIMEOUT) as client:
+                # different top_k per request: they still share the batch (top-k is a prefix)
+                rs = await asyncio.gather(*(client.post(url + "/v1/search", json={"question": q, "top_k": 3 + i % 3})
+                                            for i, q in enumerate(qs)))
+                return [r.json()["results"][0]["hits"] for r in rs]
+
+        got = asyncio.run(burst())
+        batch_sizes = service.metrics.batch_size.collect()[0].samples
+        largest = max(s.value for s in batch_sizes if s.name.endswith("_sum"))
+    for i, (g, a) in enumerate(zip(got, alone)):
+        assert_same([as_pairs(g)], [a[:3 + i % 3]])
+    assert largest > 1, "the concurrent requests were not batched together"
+
+
+# ------------------------------------------------------------------------------------------ limits
+@pytest.mark.parametrize("body, field", [
+    ({"questions": []}, "questions"),
+    ({"question": ""}, "question"),
+    ({"question": "   "}, "blank"),
+    ({"question": "x" * 201}, "question"),
+    ({"questions": ["q"] * 6}, "questions"),
+    ({"question": "q", "top_k": 0}, "top_k"),
+    ({"question": "q", "top_k": 11}, "top_k"),
+    ({"question": "q", "foo": 1}, "foo"),
+    ({"question": "q", "damping": 1.5}, "damping"),
+    ({"question": "q", "mode": "fast"}, "mode"),
+    ({"question": "q", "ppr_max_iter": 10 ** 9}, "ppr_max_iter"),
+    ({"question": "q", "questions": ["r"]}, "exactly one"),
+    ({}, "exactly one"),
+    (["q"], "body"),
+])
+def test_invalid_bodies_get_422_naming_the_field(small_rag, body, field, limited_server):
+    r = httpx.post(limited_server + "/v1/search", json=body, timeout=TIMEOUT)
+    assert r.status_code == 422, r.text
+    assert field in r.text
+
+
+@pytest.fixture(scope="module")
+def limited_server(small_rag):
+    with serving(small_rag, max_questions=5, max_question_chars=200, max_top_k=10, max_body_bytes=4096) as (url, _):
+        yield url
+
+
+def test_bad_json_and_large_bodies(limited_server):
+    r = httpx.post(limited_server + "/v1/search", content=b'{"question": ', timeout=TIMEOUT)
+    assert r.status_code == 422 and "invalid JSON" in r.text
+    r = httpx.post(limited_server + "/v1/search", json={"question": "q" * 5000}, timeout=TIMEOUT)
+    assert r.status_code == 413 and "4096" in r.text
+
+    def chunks():  # no Content-Length: the limit is enforced while reading
+        for _ in range(10):
+            yield b" " * 1000
+
+    r = httpx.post(limited_server + "/v1/search", content=chunks(), timeout=TIMEOUT)
+    assert r.status_code == 413
+    r = httpx.post(limited_server + "/v1/search", json={"question": "still fine?"}, timeout=TIMEOUT)
+    assert r.status_code == 200
+
+
+class SlowService(LinearRAGService):
+    """The real service whose engine call takes ``delay`` s longer (to hold requests in flight)."""
+
+    delay = 0.0
+
+    def _run_batch(self, key, questions):
+        time.sleep(self.delay)
+        return super()._run_batch(key, questions)
+
+
+def test_overload_gets_429_with_retry_after_and_timeouts_504(small_rag):
+    service = SlowService(None, ServeSettings(max_concurrent=2, max_batch_size=1, timeout=0.5), rag=small_rag)
+    with running(create_app(service)) as url:
+        wait_ready(url)
+        service.delay = 0.4
+
+        async def burst():
+            async with httpx.AsyncClient(timeout=TIMEOUT) as client:
+                return await asyncio.gather(*(client.post(url + "/v1/search", json={"question": f"Who is {i}?"})
+                                              for i in range(6)))
+
+        rs = asyncio.run(burst())
+        codes = sorted(r.status_code for r in rs)
+        assert codes.count(429) >= 3 and set(codes) <= {200, 429, 504}, codes
+        assert all(r.headers.get("retry-after") == "1" for r in rs if r.status_code == 429)
+        assert codes.count(504) >= 1  # the second admitted request waits 0.4 s + its own 0.4 s > 0.5 s
+        assert all("within 0.5 s" in r.text for r in rs if r.status_code == 504)
+        service.delay = 0.0
+        time.sleep(0.5)
+        ok = httpx.post(url + "/v1/search", json={"question": "Who directed it?"}, timeout=TIMEOUT)
+        assert ok.status_code == 200
+        metrics = httpx.get(url + "/metrics").text
+        assert 'linearrag_failures_total{reason="overloaded"}' in metrics
+        overloaded = [ln for ln in metrics.splitlines() if ln.startswith('linearrag_failures_total{reason="overloaded"}')]
+        assert float(overloaded[0].split()[-1]) == codes.count(429)
+
+
+def test_api_key_guards_every_route_but_health(small_rag):
+    with serving(small_rag, api_key="s3cret") as (url, _):
+        good = {"Authorization": "Bearer s3cret"}
+        assert httpx.get(url + "/health").status_code == 200
+        for method, path in [("post", "/v1/search"), ("get", "/info"), ("get", "/metrics"), ("get", "/docs"),
+                             ("get", "/openapi.json"), ("post", "/admin/reload")]:
+            for headers in (None, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+                r = httpx.request(method, url + path, headers=headers, json={"question": "q"}, timeout=TIMEOUT)
+                assert r.status_code == 401, (path, headers, r.status_code)
+        r = httpx.post(url + "/v1/search", headers=good, json={"question": "Who?"}, timeout=TIMEOUT)
+        assert r.status_code == 200
+        assert httpx.get(url + "/info", headers=good).json()["server"]["api_key"] == "set"  # never the key itself
+        assert httpx.get(url + "/openapi.json", headers=good).status_code == 200
+
+
+def test_health_is_503_until_the_index_is_loaded(small_rag, small_index_dir, monkeypatch):
+    gate = threading.Event()
+
+    class Gated(LinearRAGService):
+        def _load_rag(self, like):
+            assert gate.wait(TIMEOUT)
+            return small_rag
+
+    service = Gated(small_index_dir, ServeSettings())
+    with running(create_app(service)) as url:
+        assert httpx.get(url + "/health").status_code == 503
+        r = httpx.post(url + "/v1/search", json={"question": "Who?"})
+        assert r.status_code == 503 and "loading" in r.text and r.headers["retry-after"] == "1"
+        gate.set()
+        assert wait_ready(url)["status"] == "ok"
+
+
+def test_info_and_metrics(small_rag):
+    with serving(small_rag) as (url, _):
+        httpx.post(url + "/v1/search", json={"questions": ["Who?", "Where?"]}, timeout=TIMEOUT)
+        info = httpx.get(url + "/info").json()
+        assert info["index"] == small_rag.index.summary()
+        assert info["settings"]["top_k"] == small_rag.config.top_k and info["device"] == "cpu"
+        assert info["memory"]["rss_bytes"] > 0 and info["memory"]["index_tensors_bytes"] > 0
+        assert info["server"]["max_batch_size"] == 64
+        text = httpx.get(url + "/metrics").text
+        for name in ("linearrag_request_duration_seconds_bucket", "linearrag_queue_wait_seconds_bucket",
+                     "linearrag_batch_size_questions_bucket", "linearrag_engine_seconds_bucket",
+                     "linearrag_in_flight_requests", "linearrag_failures_total"):
+            assert name in text
+        assert "linearrag_questions_total 2.0" in text  # these two (the warm-up is not a request)
+
+
+# ------------------------------------------------------------------------------------------ reloads
+def copy_index(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_reload_under_load_has_no_failed_request(small_rag, small_index_dir, small_questions, tmp_path):
+    folder = copy_index(small_index_dir, tmp_path / "index")
+    qs = [q["question"] for q in small_questions]
+    victim = small_rag.search(qs[0], top_k=1)[0].id  # the best passage of the first question
+    with serving(small_rag, folder, max_wait_ms=2) as (url, service):
+        before = service.fingerprint
+        stop, statuses, seen = threading.Event(), [], []
+
+        def client(i):
+            with httpx.Client(timeout=TIMEOUT) as c:
+                for n in range(200):  # bounded
+                    if stop.is_set():
+                        return
+                    r = c.post(url + "/v1/search", json={"question": qs[(i + n) % len(qs)], "top_k": 3})
+                    statuses.append(r.status_code)
+                    if r.status_code == 200:
+                        seen.append(r.json()["results"][0]["hits"][0]["id"])
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        updated = LinearRAG(small_rag.index, "cpu").delete([victim])
+        updated.save(folder)
+        r = httpx.post(url + "/admin/reload", timeout=TIMEOUT)
+        time.sleep(0.3)  # more requests on the new index
+        stop.set()
+        for t in threads:
+            t.join(TIMEOUT)
+        assert r.status_code == 200, r.text
+        assert r.json()["index"]["passages"] == small_rag.index.num_passages - 1
+        assert service.fingerprint != before
+        assert statuses and set(statuses) == {200}, f"failed requests during reload: {statuses}"
+        after = httpx.post(url + "/v1/search", json={"question": qs[0], "top_k": 10}, timeout=TIMEOUT).json()
+        assert victim not in [h["id"] for h in after["results"][0]["hits"]]
+
+
+def test_a_corrupt_index_is_refused_and_the_old_one_keeps_serving(small_rag, small_index_dir, tmp_path):
+    folder = copy_index(small_index_dir, tmp_path / "index")
+    with serving(small_rag, folder) as (url, service):
+        before = service.fingerprint
+        data = next(p for p in folder.iterdir() if p.name.startswith("tensors-"))
+        raw = bytearray(data.read_bytes())
+        raw[-1] ^= 0xFF  # same size, wrong sha256
+        data.write_bytes(bytes(raw))
+        r = httpx.post(url + "/admin/reload", timeout=TIMEOUT)
+        assert r.status_code == 409, r.text
+        assert "still serving the previous index" in r.text and "checksum" in r.text and data.name in r.text
+        assert service.fingerprint == before and httpx.get(url + "/health").json()["fingerprint"] == before
+        ok = httpx.post(url + "/v1/search", json={"question": "Who?"}, timeout=TIMEOUT)
+        assert ok.status_code == 200
+        assert 'linearrag_reloads_total{result="refused"} 1.0' in httpx.get(url + "/metrics").text
+
+
+def test_watch_follows_a_committed_update(small_rag, small_index_dir, tmp_path):
+    folder = copy_index(small_index_dir, tmp_path / "index")
+    with serving(small_rag, folder, watch=0.1) as (url, service):
+        before = service.fingerprint
+        LinearRAG(small_rag.index, "cpu").delete([small_rag.index.passage_ids[0]]).save(folder)
+        deadline = time.monotonic() + TIMEOUT
+        while httpx.get(url + "/health").json()["fingerprint"] == before:
+            assert time.monotonic() < deadline, "the watcher did not reload"
+            time.sleep(0.1)
+        assert httpx.get(url + "/info").json()["index"]["passages"] == small_rag.index.num_passages - 1
+
+
+# ------------------------------------------------------------------------------------------ embedding
+def test_mounted_into_another_fastapi_app(small_rag, small_questions):
+    service = LinearRAGService(None, ServeSettings(), rag=small_rag)
+    gateway = FastAPI(lifespan=service.lifespan)
+
+    @gateway.get("/gateway/ping")
+    def ping():
+        return {"pong": True}
+
+    gateway.include_router(service.router, prefix="/rag")
+    q = small_questions[2]["question"]
+    with running(gateway) as url:
+        wait_ready(url + "/rag")
+        assert httpx.get(url + "/gateway/ping").json() == {"pong": True}
+        r = httpx.post(url + "/rag/v1/search", json={"question": q}, timeout=TIMEOUT)
+        assert r.status_code == 200
+        assert_same([as_pairs(r.json()["results"][0]["hits"])], expected(small_rag, [q]))
+
+
+# ------------------------------------------------------------------------------------------ the command
+def test_serve_command_drains_on_sigterm_and_exits_0(small_index_dir, small_questions):
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "linearrag_torch.cli", "serve", str(small_index_dir),
+                             "--port", str(port), "--device", "cpu", "--log-level", "warning"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not become ready"
+            time.sleep(0.2)
+        many = [q["question"] + f" ({i})" for i in range(40) for q in small_questions][:240]
+        result = {}
+
+        def slow_request():
+            result["r"] = httpx.post(url + "/v1/search", json={"questions": many}, timeout=120)
+
+        t = threading.Thread(target=slow_request)
+        t.start()
+        time.sleep(0.3)  # the request is in flight (240 questions take seconds on 2 cores)
+        proc.send_signal(signal.SIGTERM)
+        t.join(120)
+        assert proc.wait(120) == 0
+        assert result["r"].status_code == 200 and len(result["r"].json()["results"]) == len(many)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_serve_command_refuses_a_folder_without_an_index(tmp_path):
+    from linearrag_torch.cli import main
+
+    assert main(["serve", str(tmp_path)]) == 2
