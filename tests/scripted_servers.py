@@ -144,12 +144,15 @@ class FakeSearchServer(_Server):
             return 401, {"detail": "missing or wrong API key"}, None
         if not isinstance(body, dict):
             return 422, {"detail": "body must be a JSON object"}, None
+        body = dict(body)
         questions = body.pop("questions", None)
         if questions is None and "question" in body:
             questions = [body.pop("question")]
         if not isinstance(questions, list) or not questions:
             return 422, {"detail": [{"loc": ["body", "questions"], "msg": "field required"}]}, None
         top_k = body.pop("top_k", None)
+        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+            return 422, {"detail": [{"loc": ["body", "top_k"], "msg": "Input should be greater than or equal to 1"}]}, None
         include_text = body.pop("include_text", False)
         try:
             hits = self.search(questions, top_k=top_k, **body)
@@ -174,3 +177,14 @@ def running(server):
         yield server
     finally:
         server.stop()
+
+
+def counting_search(rag, calls: list):
+    """rag.search wrapped so that every engine call appends its questions to ``calls``."""
+    real = rag.search
+
+    def search(questions, *args, **kwargs):
+        calls.append(list(questions) if not isinstance(questions, str) else [questions])
+        return real(questions, *args, **kwargs)
+
+    return search
