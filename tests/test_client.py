@@ -88,3 +88,46 @@ def test_timeout_and_refused_connection(small_rag):
             SearchClient(slow.url, timeout=0.2).search(QS)
     with pytest.raises(SearchError, match="request failed"):
         SearchClient(slow.url, timeout=1).search(QS)  # the server is gone
+
+
+def test_against_the_real_server(small_rag):
+    """The same client against `linearrag serve`'s own app (uvicorn in a thread), with an API key."""
+    for mod in ("fastapi", "uvicorn", "prometheus_client"):
+        pytest.importorskip(mod)
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from linearrag_torch.serve import LinearRAGService, ServeSettings, create_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    service = LinearRAGService(None, ServeSettings(api_key="real-key"), rag=small_rag)
+    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning",
+                                           access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        client = SearchClient(url, api_key="real-key", timeout=10)
+        while True:  # until the service has loaded (503 meanwhile)
+            try:
+                remote = client.search(QS, top_k=3, mode="paper")
+                break
+            except SearchError as exc:
+                assert time.monotonic() < deadline, str(exc)
+                time.sleep(0.05)
+        same_hits(remote, small_rag.search(QS, top_k=3, mode="paper"))
+        same_hits(asyncio.run(client.asearch(QS, top_k=2, include_text=False)), small_rag.search(QS, top_k=2),
+                  text=False)
+        with pytest.raises(SearchError, match=r"/v1/search: HTTP 401: missing or wrong API key"):
+            SearchClient(url, api_key="nope").search(QS)
+        with pytest.raises(SearchError, match=r"HTTP 422"):
+            client.search(QS, top_k=0)
+    finally:
+        server.should_exit = True
+        thread.join(60)
