@@ -4,6 +4,7 @@ Results are checked against LinearRAG.search in process; every limit and error p
 reload under concurrent load; SIGTERM drain of the real command; mounting into another FastAPI app.
 """
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -387,3 +388,25 @@ def test_serve_command_refuses_a_folder_without_an_index(tmp_path):
     from linearrag_torch.cli import main
 
     assert main(["serve", str(tmp_path)]) == 2
+
+
+def test_serve_benchmark_end_to_end(small_index_dir, small_questions, tmp_path):
+    """benchmarks.serve on tiny phases: both server modes, overload and recovery, JSON and plot."""
+    from conftest import write_jsonl
+
+    qfile = write_jsonl(tmp_path / "questions.jsonl", small_questions)
+    out = tmp_path / "serve.json"
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.serve", "--index", str(small_index_dir), "--questions",
+                           str(qfile), "--json", str(out), "--concurrency", "1", "2", "--duration", "1",
+                           "--overload-clients", "12"], cwd=root, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    for mode in ("batching", "no_batching"):
+        rows = res["modes"][mode]["rows"]
+        assert [r["clients"] for r in rows] == [1, 2] and res["modes"][mode]["exit_code"] == 0
+        assert all(r["ok"] > 0 and set(r["statuses"]) == {"200"} and r["p99_ms"] >= r["p50_ms"] for r in rows)
+    assert all(r["mean_batch_size"] == 1.0 for r in res["modes"]["no_batching"]["rows"])
+    assert res["overload"]["only_200_and_429"] and res["overload"]["recovered"]
+    assert "429" in res["overload"]["overload"]["statuses"]  # 12 clients against --max-concurrent 2
+    assert out.with_suffix(".png").stat().st_size > 0

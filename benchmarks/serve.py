@@ -1,0 +1,274 @@
+"""Load test of `linearrag serve`: closed-loop clients on 127.0.0.1, with dynamic batching and without.
+
+    python -m benchmarks.serve --index DIR --questions FILE --json OUT [--png OUT]
+                               [--concurrency 1 8 32 128] [--duration 20] [--overload-clients 512]
+
+For each server configuration (dynamic batching: --max-batch-size 64; batching off: --max-batch-size 1),
+the script starts `linearrag serve` as a child process on a free port, waits for /health, warms it up,
+then for each concurrency C runs C clients, each sending one question per request and the next as soon
+as the answer arrives, for --duration seconds (or --max-requests in all): throughput, latency
+percentiles, responses by status, mean batch size (from /metrics) and the server's RSS.
+Then, on the batching server, an overload phase: --overload-clients clients against
+--max-concurrent (the largest concurrency), which must give only 200s and 429s with bounded RSS,
+followed by a recovery phase at the first concurrency that must give only 200s.
+Everything targets 127.0.0.1, every phase is bounded in time, and the servers are stopped (SIGTERM).
+The clients share the machine with the server: on a 2-core machine their own CPU use is part of
+what is measured (see benchmarks/README.md).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as _dt
+import json
+import os
+import platform
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+
+from linearrag_torch.corpus import read_questions
+
+DEFAULT_CONCURRENCY = (1, 8, 32, 128)
+MODES = {"batching": {"max_batch_size": 64, "max_wait_ms": 5.0}, "no_batching": {"max_batch_size": 1, "max_wait_ms": 0.0}}
+
+
+# ------------------------------------------------------------------------------------------ the server
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`linearrag serve` as a child process on 127.0.0.1."""
+
+    def __init__(self, index: Path, device: str, max_batch_size: int, max_wait_ms: float, max_concurrent: int,
+                 timeout: float, log: Path | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "linearrag_torch.cli", "serve", str(index), "--port", str(self.port),
+               "--device", device, "--max-batch-size", str(max_batch_size), "--max-wait-ms", str(max_wait_ms),
+               "--max-concurrent", str(max_concurrent), "--timeout", str(timeout), "--log-level", "warning"]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        self.log = open(log, "wb") if log else subprocess.DEVNULL
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=self.log)
+
+    def wait_ready(self, limit_s: float = 300) -> float:
+        t0 = time.perf_counter()
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"linearrag serve exited with {self.proc.returncode} before it was ready")
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return time.perf_counter() - t0
+            except httpx.TransportError:
+                pass
+            if time.perf_counter() - t0 > limit_s:
+                raise RuntimeError(f"linearrag serve not ready after {limit_s} s")
+            time.sleep(0.2)
+
+    def memory(self) -> dict:
+        out = {}
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    out[line.split(":")[0]] = int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return {"rss_bytes": out.get("VmRSS"), "peak_rss_bytes": out.get("VmHWM")}
+
+    def metrics(self) -> dict:
+        """The batch-size histogram's sum and count (questions, engine calls)."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        vals = {}
+        for line in text.splitlines():
+            for name in ("linearrag_batch_size_questions_sum", "linearrag_batch_size_questions_count"):
+                if line.startswith(name + " "):
+                    vals[name.rsplit("_", 1)[1]] = float(line.split()[-1])
+        return vals
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.log is not subprocess.DEVNULL:
+            self.log.close()
+        return self.proc.returncode
+
+
+# ------------------------------------------------------------------------------------------ the clients
+async def closed_loop(url: str, questions: list[str], clients: int, duration: float, max_requests: int,
+                      timeout: float, seed: int = 0) -> dict:
+    """``clients`` concurrent clients, each sending its next request when the last one is answered."""
+    rng = random.Random(seed)
+    order = list(range(len(questions)))
+    rng.shuffle(order)
+    latencies, statuses = [], Counter()
+    sent = 0
+    deadline = time.perf_counter() + duration
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+
+    async def client(i: int, http: httpx.AsyncClient):
+        nonlocal sent
+        n = i
+        while time.perf_counter() < deadline and sent < max_requests:
+            sent += 1
+            q = questions[order[n % len(order)]]
+            n += clients
+            t0 = time.perf_counter()
+            try:
+                r = await http.post(url + "/v1/search", json={"question": q})
+                statuses[str(r.status_code)] += 1
+                if r.status_code == 200:
+                    latencies.append(time.perf_counter() - t0)
+                elif r.status_code == 429:
+                    await asyncio.sleep(0.01)  # keep the pressure on, without a busy loop
+            except httpx.HTTPError as exc:
+                statuses[type(exc).__name__] += 1
+
+    t0 = time.perf_counter()
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
+        await asyncio.gather(*(client(i, http) for i in range(clients)))
+    wall = time.perf_counter() - t0
+    return {"clients": clients, "seconds": round(wall, 3), "requests": sum(statuses.values()),
+            "ok": len(latencies), "statuses": dict(statuses),
+            "throughput_qps": round(len(latencies) / wall, 2) if wall else None, **percentiles(latencies)}
+
+
+def percentiles(latencies: list[float]) -> dict:
+    if not latencies:
+        return {"p50_ms": None, "p95_ms": None, "p99_ms": None, "mean_ms": None}
+    xs = sorted(latencies)
+
+    def pct(p):
+        return round(1000 * xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))], 2)
+
+    return {"p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99), "mean_ms": round(1000 * sum(xs) / len(xs), 2)}
+
+
+def phase(server: Server, name: str, questions, clients, args) -> dict:
+    before = server.metrics()
+    row = asyncio.run(closed_loop(server.url, questions, clients, args.duration, args.max_requests, args.timeout))
+    after = server.metrics()
+    calls = after.get("count", 0) - before.get("count", 0)
+    row.update(phase=name, engine_calls=int(calls),
+               mean_batch_size=round((after.get("sum", 0) - before.get("sum", 0)) / calls, 2) if calls else None,
+               **server.memory())
+    print(f"[serve] {name:>12} c={clients:<4} {row['throughput_qps']} q/s  p50 {row['p50_ms']} ms  p99 "
+          f"{row['p99_ms']} ms  batch {row['mean_batch_size']}  {row['statuses']}  rss "
+          f"{(row['rss_bytes'] or 0) / 2**20:.0f} MiB", file=sys.stderr, flush=True)
+    return row
+
+
+# ------------------------------------------------------------------------------------------ main
+def run(args) -> dict:
+    questions = [q["question"] for q in read_questions(args.questions)]
+    if args.limit:
+        questions = questions[:args.limit]
+    max_concurrent = max(args.concurrency)
+    result = {"date": _dt.date.today().isoformat(), "index": str(args.index), "questions": str(args.questions),
+              "n_questions": len(questions), "device": args.device, "duration_s": args.duration,
+              "max_concurrent": max_concurrent, "overload_clients": args.overload_clients,
+              "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+              "modes": {}, "overload": None}
+    for mode, cfg in MODES.items():
+        server = Server(args.index, args.device, cfg["max_batch_size"], cfg["max_wait_ms"], max_concurrent,
+                        args.timeout, args.server_log)
+        try:
+            ready_s = server.wait_ready()
+            asyncio.run(closed_loop(server.url, questions, 4, min(2.0, args.duration), 50, args.timeout))  # warm-up
+            rows = [phase(server, mode, questions, c, args) for c in args.concurrency]
+            result["modes"][mode] = {"server": cfg, "ready_s": round(ready_s, 2), "rows": rows}
+            if mode == "batching":
+                over = phase(server, "overload", questions, args.overload_clients, args)
+                recovery = phase(server, "recovery", questions, args.concurrency[0], args)
+                statuses = set(over["statuses"])
+                result["overload"] = {
+                    "overload": over, "recovery": recovery,
+                    "only_200_and_429": statuses <= {"200", "429"},
+                    "recovered": set(recovery["statuses"]) == {"200"},
+                    "rss_growth_bytes": (over["rss_bytes"] or 0) - (rows[-1]["rss_bytes"] or 0),
+                }
+        finally:
+            result["modes"].setdefault(mode, {})["exit_code"] = server.stop()
+    b = {r["clients"]: r for r in result["modes"]["batching"]["rows"]}
+    n = {r["clients"]: r for r in result["modes"]["no_batching"]["rows"]}
+    result["speedup"] = {str(c): round(b[c]["throughput_qps"] / n[c]["throughput_qps"], 2)
+                         for c in b if c in n and b[c]["throughput_qps"] and n[c]["throughput_qps"]}
+    return result
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for mode, style in (("batching", "o-"), ("no_batching", "s--")):
+        rows = result["modes"][mode]["rows"]
+        cs = [r["clients"] for r in rows]
+        ax1.plot(cs, [r["throughput_qps"] or 0 for r in rows], style, label=mode.replace("_", " "))
+        ax2.plot(cs, [r["p50_ms"] or 0 for r in rows], style, label=f"{mode.replace('_', ' ')} p50")
+        ax2.plot(cs, [r["p99_ms"] or 0 for r in rows], style, alpha=0.5, label=f"{mode.replace('_', ' ')} p99")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent clients")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    ax1.set_ylabel("questions / s")
+    ax2.set_ylabel("latency, ms")
+    ax2.set_yscale("log")
+    ov = result.get("overload") or {}
+    title = f"linearrag serve on {Path(result['index']).name} ({result['device']}, {result['machine']['cpu_count']} cores)"
+    if ov:
+        o = ov["overload"]
+        title += f"; overload {o['clients']} clients: {o['statuses']}"
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.serve", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--index", required=True, type=Path, help="index folder to serve")
+    ap.add_argument("--questions", required=True, type=Path, help='JSON lines with "question"')
+    ap.add_argument("--json", required=True, type=Path, help="write the results here")
+    ap.add_argument("--png", type=Path, help="write the plot here (default: next to --json)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=list(DEFAULT_CONCURRENCY),
+                    help="closed-loop client counts (default %(default)s); the largest is also --max-concurrent")
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds per phase (default %(default)s)")
+    ap.add_argument("--max-requests", type=int, default=50_000, help="requests per phase at most (default %(default)s)")
+    ap.add_argument("--overload-clients", type=int, default=512, help="clients of the overload phase (default %(default)s)")
+    ap.add_argument("--timeout", type=float, default=30.0, help="server and client timeout, s (default %(default)s)")
+    ap.add_argument("--device", default="cpu", help="server device (default %(default)s)")
+    ap.add_argument("--limit", type=int, help="use only the first N questions")
+    ap.add_argument("--server-log", type=Path, help="append the servers' output to this file")
+    args = ap.parse_args(argv)
+    if args.overload_clients <= max(args.concurrency):
+        ap.error("--overload-clients must be larger than the largest --concurrency (the server's --max-concurrent)")
+    result = run(args)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2))
+    plot(result, args.png or args.json.with_suffix(".png"))
+    print(json.dumps({"speedup_batching_over_off": result["speedup"],
+                      "overload_only_200_and_429": result["overload"]["only_200_and_429"],
+                      "recovered": result["overload"]["recovered"]}), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
