@@ -224,7 +224,7 @@ class LLM:
                 status = None
             except openai.APIStatusError as exc:
                 status = exc.status_code
-                problem = f"HTTP {status}{_detail(exc, self._api_key)}"
+                problem = f"HTTP {status}{_detail(exc, None if self._api_key == 'EMPTY' else self._api_key)}"
                 if status != 429 and status < 500:
                     raise LLMError(f"LLM endpoint {self.url}: {problem}", status, self.url) from None
                 retry_after = _retry_after(exc.response)
@@ -291,7 +291,9 @@ def _short(text: str, n: int = 200) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def _detail(exc, api_key: str) -> str:
+def _detail(exc, api_key: str | None) -> str:
+    """The endpoint's error message (JSON "error.message" / "detail", else the body), one short line, with
+    the API key masked should the endpoint echo it."""
     body = getattr(exc, "body", None)
     msg = None
     if isinstance(body, dict):
