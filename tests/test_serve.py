@@ -410,3 +410,42 @@ def test_serve_benchmark_end_to_end(small_index_dir, small_questions, tmp_path):
     assert res["overload"]["only_200_and_429"] and res["overload"]["recovered"]
     assert "429" in res["overload"]["overload"]["statuses"]  # 12 clients against --max-concurrent 2
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------------------------------ answers
+def test_answer_route_uses_the_batched_hits_and_the_chat_model(small_rag, small_questions, tmp_path):
+    pytest.importorskip("openai")
+    from scripted_servers import ScriptedChatServer
+    from scripted_servers import running as chat_running
+
+    from linearrag_torch.generation import LLM
+
+    qs = [q["question"] for q in small_questions[:2]]
+    chat = ScriptedChatServer(lambda body: ("reply", "The passages say so.\nAnswer: Paris"))
+    with chat_running(chat):
+        llm = LLM(chat.base_url, "scripted-model", "chat-key", cache=tmp_path / "cache.sqlite", max_retries=0)
+        service = LinearRAGService(None, ServeSettings(), rag=small_rag, llm=llm)
+        with running(create_app(service)) as url:
+            wait_ready(url)
+            r = httpx.post(url + "/v1/answer", json={"questions": qs, "top_k": 3}, timeout=TIMEOUT)
+            assert r.status_code == 200, r.text
+            res = r.json()["results"]
+            assert [a["question"] for a in res] == qs and all(a["answer"] == "Paris" and a["marker_found"] for a in res)
+            assert_same([[(p["id"], p["title"], p["score"]) for p in a["passages"]] for a in res],
+                        expected(small_rag, qs, top_k=3))
+            assert all("text" not in p for a in res for p in a["passages"])
+            # each prompt holds its question's passages
+            prompts = [json.dumps(c["body"]["messages"]) for c in chat.chat_requests]
+            for q, hits in zip(qs, small_rag.search(qs, top_k=3)):
+                prompt = next(p for p in prompts if json.dumps(q)[1:-1] in p)
+                assert all(json.dumps(h.title)[1:-1] in prompt for h in hits)
+            assert httpx.get(url + "/info").json()["llm"] == {"base_url": chat.base_url, "model": "scripted-model"}
+            chat.script.append(("status", 401))  # a failure of the endpoint: 502 naming its URL and status
+            r = httpx.post(url + "/v1/answer", json={"question": "Who founded the company?"}, timeout=TIMEOUT)
+            assert r.status_code == 502 and chat.base_url in r.text and "401" in r.text
+
+
+def test_answer_route_without_a_chat_model_is_503(small_rag):
+    with serving(small_rag) as (url, _):
+        r = httpx.post(url + "/v1/answer", json={"question": "Who?"}, timeout=TIMEOUT)
+        assert r.status_code == 503 and "--llm-base-url" in r.text

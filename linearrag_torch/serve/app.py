@@ -60,13 +60,13 @@ def _server_class():
     return Server
 
 
-def serve(index_dir, settings: ServeSettings) -> int:
+def serve(index_dir, settings: ServeSettings, llm=None) -> int:
     """Run the server until SIGINT/SIGTERM (requests in flight are answered first); 0 on a clean stop,
     1 when the index could not be loaded."""
     import uvicorn
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    service = LinearRAGService(index_dir, settings)
+    service = LinearRAGService(index_dir, settings, llm=llm)
     app = create_app(service)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=settings.graceful_timeout, access_log=False)

@@ -9,7 +9,8 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 # failure reasons counted by linearrag_failures_total
-REASONS = ("body_too_large", "invalid", "unauthorized", "overloaded", "timeout", "engine_error", "not_ready")
+REASONS = ("body_too_large", "invalid", "unauthorized", "overloaded", "timeout", "engine_error", "not_ready",
+           "llm_error")
 
 
 class Metrics:

@@ -5,8 +5,8 @@ batcher, the limits and the metrics, and offers its routes as a FastAPI APIRoute
     app = FastAPI(lifespan=service.lifespan)        # or await service.start() / stop() in your own lifespan
     app.include_router(service.router, prefix="/rag")
 
-Routes (relative to the router's prefix): POST /v1/search, GET /health, GET /info, GET /metrics,
-POST /admin/reload. Every route but /health needs 'Authorization: Bearer KEY' when settings.api_key is set.
+Routes (relative to the router's prefix): POST /v1/search, POST /v1/answer (with a chat model), GET /health,
+GET /info, GET /metrics, POST /admin/reload. Every route but /health needs 'Authorization: Bearer KEY' when settings.api_key is set.
 """
 from __future__ import annotations
 
@@ -110,6 +110,13 @@ def _index_fingerprint(index_dir: Path) -> str | None:
         return None
 
 
+def _hit_dict(h, include_text: bool) -> dict:
+    d = {"id": h.id, "score": h.score, "title": h.title}
+    if include_text:
+        d["text"] = h.text
+    return d
+
+
 def _rss_bytes() -> int | None:
     try:
         with open("/proc/self/status") as fh:
@@ -121,14 +128,15 @@ def _rss_bytes() -> int | None:
 # ---------------------------------------------------------------------------------------------- the service
 class LinearRAGService:
     """One served index. ``rag``: an already loaded LinearRAG (else it is loaded from ``index_dir`` when
-    the service starts, while /health answers 503)."""
+    the service starts, while /health answers 503). ``llm``: a generation.LLM for POST /v1/answer."""
 
-    def __init__(self, index_dir=None, settings: ServeSettings | None = None, rag=None):
+    def __init__(self, index_dir=None, settings: ServeSettings | None = None, rag=None, llm=None):
         if index_dir is None and rag is None:
             raise ValueError("give an index folder or a loaded LinearRAG")
         self.settings = settings or ServeSettings()
         self.index_dir = Path(index_dir) if index_dir is not None else None
         self.rag = rag
+        self.llm = llm  # a generation.LLM for /v1/answer (None: that route answers 503)
         self.metrics = Metrics()
         self.batcher = Batcher(self._run_batch, self.settings.max_batch_size, self.settings.max_wait_ms,
                                on_batch=self.metrics.on_batch)
@@ -274,19 +282,49 @@ class LinearRAGService:
     async def search(self, body: dict) -> dict:
         """Validate a /v1/search body, answer it through the batcher (used by the route; callable directly)."""
         req = self._validate(body)
-        self._check_ready()
+        questions, hits = await self._admitted(self._hits, req)
+        return {"results": [
+            {"question": q, "hits": [_hit_dict(h, req.include_text) for h in hs]} for q, hs in zip(questions, hits)]}
+
+    async def answer(self, body: dict) -> dict:
+        """/v1/answer: the /v1/search body; the questions' hits (batched as for search) go to the chat model."""
+        from ..generation import LLMError, aanswer_batch
+
+        req = self._validate(body)
+        if self.llm is None:
+            raise HTTPError(503, "no chat model configured: start the server with --llm-base-url and --llm-model "
+                                 "(or LINEARRAG_LLM_BASE_URL / LINEARRAG_LLM_MODEL)", "llm_error")
+
+        async def work(r):
+            questions, hits = await self._hits(r)
+            try:
+                return await aanswer_batch(hits, questions, self.llm, top_k=max(1, max(map(len, hits), default=1)))
+            except LLMError as exc:
+                raise HTTPError(502, str(exc), "llm_error") from None
+
+        answers = await self._admitted(work, req)
+        return {"results": [a.to_dict(include_text=req.include_text) for a in answers]}
+
+    async def _hits(self, req):
+        """(questions, hits per question) of a validated request, through the batcher."""
         questions = req.questions if req.questions is not None else [req.question]
         top_k = req.top_k or self.rag.config.top_k
         key = tuple(sorted((k, getattr(req, k)) for k in type(req).model_fields
                            if k not in ("question", "questions", "top_k", "include_text") and getattr(req, k) is not None))
+        hits = await asyncio.wait_for(self.batcher.submit(key, [(q, top_k) for q in questions]), self.settings.timeout)
+        return questions, hits
+
+    async def _admitted(self, work, req):
+        """Run ``work(req)`` as one request in flight: 503 before the index is ready, 429 past max_concurrent,
+        504 when its search is not answered within the timeout (the chat model has its own timeouts)."""
+        self._check_ready()
         if self.in_flight >= self.settings.max_concurrent:
             raise HTTPError(429, f"more than {self.settings.max_concurrent} requests in flight; retry shortly",
                             "overloaded", {"Retry-After": "1"})
         self.in_flight += 1
         self.metrics.in_flight.inc()
         try:
-            hits = await asyncio.wait_for(self.batcher.submit(key, [(q, top_k) for q in questions]),
-                                          self.settings.timeout)
+            return await work(req)
         except asyncio.TimeoutError:
             raise HTTPError(504, f"not answered within {self.settings.timeout} s", "timeout") from None
         except HTTPError:
@@ -298,11 +336,6 @@ class LinearRAGService:
             self.in_flight -= 1
             self.metrics.in_flight.dec()
             self.metrics.queued.set(self.batcher.queued)
-        return {"results": [
-            {"question": q, "hits": [
-                {"id": h.id, "score": h.score, "title": h.title, **({"text": h.text} if req.include_text else {})}
-                for h in hs]}
-            for q, hs in zip(questions, hits)]}
 
     def _validate(self, body):
         try:
@@ -358,6 +391,7 @@ class LinearRAGService:
             "index_config": rag.index.index_config.to_dict() if rag else None,
             "device": str(rag.device) if rag else self.settings.device,
             "server": self.settings.public(),
+            "llm": {"base_url": self.llm.base_url, "model": self.llm.model} if self.llm is not None else None,
             "torch_threads": torch.get_num_threads(),
             "memory": memory,
             "queued_questions": self.batcher.queued,
@@ -413,6 +447,16 @@ class LinearRAGService:
             async def work():
                 return await svc.search(await svc.read_json(request))
             return await guarded("/v1/search", request, work)
+
+        @router.post("/v1/answer", summary="An answer from the chat model over each question's top-k passages",
+                     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                         "schema": self.SearchRequest.model_json_schema()}}}},
+                     responses={**auth_doc, "502": {"description": "the chat model's endpoint failed (URL and status)"},
+                                "503": {"description": "index not loaded yet, or no chat model configured"}})
+        async def answer(request: Request):
+            async def work():
+                return await svc.answer(await svc.read_json(request))
+            return await guarded("/v1/answer", request, work)
 
         @router.get("/health", summary="200 when the index and models are loaded, else 503")
         async def health():
