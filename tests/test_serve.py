@@ -449,3 +449,26 @@ def test_answer_route_without_a_chat_model_is_503(small_rag):
     with serving(small_rag) as (url, _):
         r = httpx.post(url + "/v1/answer", json={"question": "Who?"}, timeout=TIMEOUT)
         assert r.status_code == 503 and "--llm-base-url" in r.text
+
+
+def test_memory_budget_and_every_setting_reach_the_command_line(small_rag, capsys):
+    from dataclasses import fields
+
+    from linearrag_torch.cli import main
+    from linearrag_torch.engine import parse_bytes
+
+    with serving(small_rag, memory_budget="3M") as (url, _):
+        assert httpx.get(url + "/info").json()["memory"]["memory_budget_bytes"] == parse_bytes("3M") == 3 << 20
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = capsys.readouterr().out
+    for f in fields(ServeSettings):
+        assert "--" + f.name.replace("_", "-") in text
+    assert "--llm-base-url" in text
+
+
+def test_bad_server_settings_are_refused():
+    with pytest.raises(ValueError, match="max_batch_size"):
+        ServeSettings(max_batch_size=0)
+    with pytest.raises(ValueError, match="timeout"):
+        ServeSettings(timeout=0)
