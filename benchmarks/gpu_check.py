@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import linearrag_torch.kernels as K  # noqa: E402
-from benchmarks.kernels import StepMeter, kernels_mode, make_graph, run_cases, timed  # noqa: E402
+from benchmarks.kernels import StepMeter, make_graph, run_cases, timed  # noqa: E402
 from linearrag_torch import reference  # noqa: E402
 from linearrag_torch.config import RetrievalConfig  # noqa: E402
 from linearrag_torch.engine import DeviceGraph, retrieve  # noqa: E402
+from linearrag_torch.kernels.backends import kernels_mode, torch_scatter_available, triton_available  # noqa: E402
 from linearrag_torch.synthetic import random_queries  # noqa: E402
 
 DATE = "2026-11-30"
@@ -158,11 +158,11 @@ def main(argv=None) -> int:
     log = lambda m: print(m, flush=True)  # noqa: E731
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") % 1_000_000
     info = {"benchmark": "gpu_check", "date": DATE, "device": str(device), "smoke": args.smoke,
-            "torch": torch.__version__, "cuda": torch.version.cuda, "triton": K.triton_available(),
-            "torch_scatter": K.segment_topk.torch_scatter_available(), "cpu_count": os.cpu_count()}
+            "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton_available(),
+            "torch_scatter": torch_scatter_available(), "cpu_count": os.cpu_count()}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
-        info["triton_version"] = __import__("triton").__version__ if K.triton_available() else None
+        info["triton_version"] = __import__("triton").__version__ if triton_available() else None
     out = {"info": info, "sections": {}}
     path = args.json or Path(__file__).resolve().parent / "results" / ("gpu_check_smoke.json" if args.smoke else "gpu_check.json")
 

@@ -10,7 +10,6 @@ benchmarks/gpu_check.py runs the same cases on a GPU.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -21,11 +20,13 @@ from pathlib import Path
 import torch
 
 from linearrag_torch import kernels
-from linearrag_torch.activation import nearest_entities, propagate_reference, seed_entities
+from linearrag_torch.activation import nearest_entities
 from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.engine import DeviceGraph
-from linearrag_torch.pagerank import PPRGraph, passage_reset, personalized_pagerank
+from linearrag_torch.kernels.backends import kernels_mode, torch_scatter_available, triton_available
+from linearrag_torch.pagerank import PPRGraph, StepObserver, observe_steps, personalized_pagerank
 from linearrag_torch.synthetic import index_from_mentions, random_embeddings, random_mentions, random_queries
+from linearrag_torch.testing import passage_reset, ppr_step_reference, propagate_reference, seed_entities
 
 DATE = "2026-11-30"
 
@@ -50,20 +51,6 @@ def timed(fn, device: torch.device, repeat: int = 5) -> float:
     return statistics.median(out)
 
 
-@contextlib.contextmanager
-def kernels_mode(mode: str):
-    """Temporarily set LINEARRAG_KERNELS (auto | torch | triton)."""
-    old = os.environ.get("LINEARRAG_KERNELS")
-    os.environ["LINEARRAG_KERNELS"] = mode
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("LINEARRAG_KERNELS", None)
-        else:
-            os.environ["LINEARRAG_KERNELS"] = old
-
-
 def _diff(a, b) -> float:
     if isinstance(a, (tuple, list)):
         return max(_diff(x, y) for x, y in zip(a, b))
@@ -84,7 +71,7 @@ def ppr_unfused(graph, reset_p, reset_e, cfg):
     running = torch.ones_like(valid)
     last = torch.full_like(total, float("inf"))
     for _ in range(cfg.ppr_max_iter):
-        np_, ne_, change = kernels.ppr_step_reference(graph, xp, xe, rp, re, cfg.damping)
+        np_, ne_, change = ppr_step_reference(graph, xp, xe, rp, re, cfg.damping)
         xp = torch.where(running, np_, xp)
         xe = torch.where(running, ne_, xe)
         running = running & (change >= cfg.ppr_tol) & (change < last)
@@ -166,34 +153,40 @@ def ppr_step_bytes(graph, B: int) -> int:
     return total
 
 
-class StepMeter:
-    """Wraps kernels.ppr_step to sum its modeled bytes and (with CUDA events) its time."""
+class StepMeter(StepObserver):
+    """Observes the PageRank steps (pagerank.observe_steps) while active: sums their modeled bytes and
+    (with CUDA events on a GPU) their time. ``with meter:`` may be entered several times."""
 
     def __init__(self, device):
         self.device, self.bytes, self.events, self.calls = device, 0, [], 0
-        self.inner = kernels.ppr_step
+        self._start = None
+        self._ctx = None
 
     def __enter__(self):
-        def wrapped(graph, xp, *a, **kw):
-            self.bytes += ppr_step_bytes(graph, xp.shape[1])
-            self.calls += 1
-            if self.device.type == "cuda":
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                r = self.inner(graph, xp, *a, **kw)
-                e.record()
-                self.events.append((s, e))
-                return r
-            t = time.perf_counter()
-            r = self.inner(graph, xp, *a, **kw)
-            self.events.append(time.perf_counter() - t)
-            return r
-
-        kernels.ppr_step = wrapped
+        self._ctx = observe_steps(self)
+        self._ctx.__enter__()
         return self
 
     def __exit__(self, *exc):
-        kernels.ppr_step = self.inner
+        self._ctx.__exit__(*exc)
+        self._ctx = None
+
+    def before_step(self, graph, columns):
+        self.bytes += ppr_step_bytes(graph, columns.numel())
+        self.calls += 1
+        if self.device.type == "cuda":
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._start = time.perf_counter()
+
+    def after_step(self, graph, columns, change):
+        if self.device.type == "cuda":
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.events.append((self._start, end))
+        else:
+            self.events.append(time.perf_counter() - self._start)
 
     def ms(self) -> float:
         if self.device.type == "cuda":
@@ -238,7 +231,7 @@ def run_cases(passages: int, batch: int, device: torch.device, repeat: int, dim:
 
     def variants(fused):
         """(impl name, callable) of the fused op: auto (Triton on CUDA) and, on CUDA, the torch fallback."""
-        out = [("fused (triton)" if cuda and kernels.triton_available() else "fused (torch)", fused)]
+        out = [("fused (triton)" if cuda and triton_available() else "fused (torch)", fused)]
         if cuda:
             def fallback():
                 with kernels_mode("torch"):
@@ -252,15 +245,15 @@ def run_cases(passages: int, batch: int, device: torch.device, repeat: int, dim:
     tot = rp.sum(0) + re.sum(0)
     rp, re = rp / tot, re / tot
     xp, xe = rp * 0.9 + 0.1 / P, re * 0.9
-    want = kernels.ppr_step_reference(g, xp, xe, rp, re, 0.5)
-    ref_ms = timed(lambda: kernels.ppr_step_reference(g, xp, xe, rp, re, 0.5), device, repeat)
+    want = ppr_step_reference(g, xp, xe, rp, re, 0.5)
+    ref_ms = timed(lambda: ppr_step_reference(g, xp, xe, rp, re, 0.5), device, repeat)
     row("ppr_step", "unfused torch", ref_ms, ref_ms, 0.0)
     bp, be, sp, se = torch.empty_like(xp), torch.empty_like(xe), xp.clone(), xe.clone()
 
     def step():
         sp.copy_(xp)
         se.copy_(xe)
-        return bp, be, kernels.ppr_step(g, sp, se, rp, re, 0.5, bp, be)
+        return bp, be, g.ppr_step(sp, se, rp, re, 0.5, bp, be)
 
     copy_ms = timed(lambda: (sp.copy_(xp), se.copy_(xe)), device, repeat)  # the bench's own copies, subtracted
     for name, fn in variants(step):
@@ -359,7 +352,7 @@ def run_cases(passages: int, batch: int, device: torch.device, repeat: int, dim:
     ix = kernels.segment_topk.sorted_offsets(owner, groups)
     ref2 = timed(lambda: kernels.top_k_per_segment(vals, owner, ix[:-1], 1), device, repeat)
     row(name, "two stable argsorts", ref2, ref_ms, 0.0)
-    if kernels.segment_topk.torch_scatter_available():
+    if torch_scatter_available():
         got = kernels.segment_argmax(vals, owner, groups, use_scatter=True)
         row(name, "torch_scatter.segment_max_csr",
             timed(lambda: kernels.segment_argmax(vals, owner, groups, use_scatter=True), device, repeat), ref_ms,
@@ -382,8 +375,8 @@ def main(argv=None) -> int:
     rows = run_cases(args.passages, args.batch, device, args.repeat)
     if args.json:
         out = {"benchmark": "kernels", "date": DATE, "torch": torch.__version__, "device": str(device),
-               "threads": args.threads, "cpu_count": os.cpu_count(), "triton": kernels.triton_available(),
-               "torch_scatter": kernels.segment_topk.torch_scatter_available(),
+               "threads": args.threads, "cpu_count": os.cpu_count(), "triton": triton_available(),
+               "torch_scatter": torch_scatter_available(),
                "command": " ".join(["python", "-m", "benchmarks.kernels"] + (argv or sys.argv[1:])), "rows": rows}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1))

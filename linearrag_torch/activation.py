@@ -13,7 +13,6 @@ import torch
 
 from . import kernels
 from .config import RetrievalConfig
-from .kernels import top_k_per_segment  # noqa: F401  (re-exported: tests and older callers import it here)
 
 
 @dataclass
@@ -31,9 +30,25 @@ class Activation:
     steps: int = 0
 
 
-def nearest_entities(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, rows: int = 256, cols: int = 1 << 16):
+def nearest_entities(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, rows: int = 256, cols: int = 1 << 16,
+                     known: torch.Tensor | None = None):
     """For each question entity: (largest cosine, index of the first graph entity reaching it), computed
-    in [rows x cols] blocks of the similarity matrix (never the whole Q x E matrix)."""
+    in [rows x cols] blocks of the similarity matrix (never the whole Q x E matrix).
+
+    ``known`` [Q] int64: for a question entity whose vector IS graph entity known[q]'s stored vector
+    (the first entity with its encoder tokens; -1 where unknown), that entity and its self-cosine are
+    the answer without the scan (another entity could tie only with an identical vector, which only
+    equal tokens give, and those rows come later)."""
+    if known is not None and known.numel() == query_entity_emb.shape[0] and bool((known >= 0).any()):
+        known = known.to(entity_emb.device)
+        hit = known >= 0
+        best = torch.empty(known.shape[0], dtype=entity_emb.dtype, device=entity_emb.device)
+        arg = known.clone()
+        best[hit] = (query_entity_emb[hit].to(entity_emb.dtype) * entity_emb[known[hit]]).sum(1)
+        rest = torch.nonzero(~hit).flatten()
+        if rest.numel():
+            best[rest], arg[rest] = nearest_entities(entity_emb, query_entity_emb[rest], rows, cols)
+        return best, arg
     Q, E = query_entity_emb.shape[0], entity_emb.shape[0]
     best = torch.full((Q,), float("-inf"), dtype=entity_emb.dtype, device=entity_emb.device)
     arg = torch.zeros(Q, dtype=torch.int64, device=entity_emb.device)
@@ -47,28 +62,19 @@ def nearest_entities(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, r
     return best, arg
 
 
-def seed_pairs(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, owner: torch.Tensor, batch: int):
+def seed_pairs(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, owner: torch.Tensor, batch: int,
+               known: torch.Tensor | None = None):
     """Eq. 3 as index lists: (keys, values), keys = e * batch + b sorted and unique, one per (graph entity e,
     question b) that a question entity seeds, values its cosine (the largest when several entities of one
-    question seed e; ties between graph entities go to the lowest index)."""
+    question seed e; ties between graph entities go to the lowest index). ``known``: see nearest_entities."""
     if not (query_entity_emb.shape[0] and entity_emb.shape[0]):
         return (torch.zeros(0, dtype=torch.int64, device=entity_emb.device),
                 torch.zeros(0, dtype=entity_emb.dtype, device=entity_emb.device))
-    best, arg = nearest_entities(entity_emb, query_entity_emb)  # [Q]
+    best, arg = nearest_entities(entity_emb, query_entity_emb, known=known)  # [Q]
     keys, inv = torch.unique(arg * batch + owner.to(arg.device), sorted=True, return_inverse=True)
     # a cosine can be <= 0: reduce from -inf
     vals = torch.full((keys.numel(),), float("-inf"), dtype=best.dtype, device=best.device)
     return keys, vals.scatter_reduce_(0, inv, best, "amax")
-
-
-def seed_entities(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, owner: torch.Tensor, batch: int):
-    """Eq. 3: each question entity seeds its most cosine-similar graph entity with that cosine.
-
-    Returns (seeds [E, B], is_seed [E, B] bool). A graph entity seeded by several entities of one
-    question keeps the largest cosine; ties between graph entities go to the lowest index.
-    """
-    keys, vals = seed_pairs(entity_emb, query_entity_emb, owner, batch)
-    return dense_seeds(keys, vals, entity_emb.shape[0], batch)
 
 
 def dense_seeds(keys: torch.Tensor, vals: torch.Tensor, E: int, batch: int):
@@ -76,11 +82,6 @@ def dense_seeds(keys: torch.Tensor, vals: torch.Tensor, E: int, batch: int):
     seeds = torch.zeros(E * batch, dtype=vals.dtype, device=vals.device).index_copy_(0, keys, vals)
     is_seed = torch.zeros(E * batch, dtype=torch.bool, device=vals.device).index_fill_(0, keys, True)
     return seeds.view(E, batch), is_seed.view(E, batch)
-
-
-def sentence_relevance(sentence_emb: torch.Tensor, query_emb: torch.Tensor) -> torch.Tensor:
-    """Eq. 4: sigma[s, b] = cos(q_b, s), as [S, B]."""
-    return sentence_emb @ query_emb.T
 
 
 def propagate_paper(M, MT, sigma, seeds, is_seed, cfg: RetrievalConfig) -> Activation:
@@ -103,11 +104,6 @@ def propagate_paper(M, MT, sigma, seeds, is_seed, cfg: RetrievalConfig) -> Activ
         a = torch.where(live, a_new, a)
         tier = torch.where(newly & live, t + 1, tier)
     return Activation(act=a, tier=tier, reset=a, steps=steps)
-
-
-def _segment_positions(crow: torch.Tensor, rows: torch.Tensor):
-    """For a list of CSR rows, the owner (position in ``rows``), storage position and start offsets."""
-    return kernels.segment_positions(crow, rows)
 
 
 @dataclass
@@ -137,14 +133,6 @@ class ActivePairs:
         B = a.tier.shape[1]
         keys = torch.nonzero(a.tier.reshape(-1) > 0).flatten()
         return ActivePairs(keys, a.act.reshape(-1)[keys], a.tier.reshape(-1)[keys], a.reset.reshape(-1)[keys], B, a.steps)
-
-
-def propagate_reference(M_crow, M_col, MT_crow, MT_col, sigma, seeds, is_seed, cfg: RetrievalConfig) -> Activation:
-    """propagate_reference_pairs on dense [E, B] seeds (seeds where is_seed); returns dense Activation."""
-    E, B = seeds.shape
-    keys = torch.nonzero(is_seed.reshape(-1)).flatten()
-    out = propagate_reference_pairs(M_crow, M_col, MT_crow, MT_col, sigma, keys, seeds.reshape(-1)[keys], B, cfg)
-    return out.dense(E)
 
 
 def propagate_reference_pairs(M_crow, M_col, MT_crow, MT_col, sigma, seed_keys: torch.Tensor, seed_vals: torch.Tensor,

@@ -2,7 +2,8 @@
 PageRank (eq. 6) by batched power iteration over the passage-entity graph."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,21 +33,6 @@ class ColumnEntries:
     def from_dense(x: torch.Tensor) -> "ColumnEntries":
         r, c = torch.nonzero(x, as_tuple=True)  # NaN counts as nonzero: the consumers clean values
         return ColumnEntries(r, c, x[r, c], tuple(x.shape))
-
-
-def passage_reset(sim: torch.Tensor, N_log, act: torch.Tensor, tier: torch.Tensor, cfg: RetrievalConfig,
-                  N_logT: Csr | None = None) -> torch.Tensor:
-    """Eq. 7: I0(p) = (lam * minmax(sim)(p) + ln(1 + sum_e act_e * ln(1 + N[p,e]) / L_e)) * W_p.
-
-    sim [P, B] cosines; N_log [P, E] sparse CSR holding ln(1 + N); act, tier [E, B] (tier 0 = inactive).
-    With ``N_logT`` (the Csr of N_logᵀ on sim's device) the sum walks only the active entities' columns
-    of N_log (kernels.spmm_sparse_rhs) instead of a full SpMM.
-    """
-    if N_logT is None:
-        v = torch.where(tier > 0, act / tier.clamp(min=1).to(act.dtype), torch.zeros_like(act))
-        return _finish_reset(sim, N_log @ v, cfg)
-    e, b = torch.nonzero(tier > 0, as_tuple=True)
-    return passage_reset_entries(sim, N_logT, ColumnEntries(e, b, act[e, b] / tier[e, b].to(act.dtype), act.shape), cfg)
 
 
 def passage_reset_entries(sim: torch.Tensor, N_logT: Csr, act_over_tier: ColumnEntries, cfg: RetrievalConfig):
@@ -88,6 +74,7 @@ class PPRGraph:
     between_passages [P, P] or None: adjacency / str(source);  dangling_*: nodes of strength 0.
     With ``leaves`` (the default of build), the entity space E' holds the entities of degree >= 2 and
     one bucket per passage with leaf entities (Leaves); else E' = E.
+    ``workspace``: what kernels.ppr_step caches about these matrices (rows of ones, Triton work lists).
     """
 
     to_passages: torch.Tensor
@@ -98,6 +85,7 @@ class PPRGraph:
     dangling_passage_idx: torch.Tensor | None = None  # the same nodes as index lists
     dangling_entity_idx: torch.Tensor | None = None
     leaves: Leaves | None = None
+    workspace: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
         if self.dangling_passage_idx is None:
@@ -175,17 +163,46 @@ class PPRGraph:
             leaves=leaves,
         )
 
-    def step(self, xp: torch.Tensor, xe: torch.Tensor):
-        """One walk step: mass arriving at passages and at entities, and the dangling mass [B]."""
-        new_p = self.to_passages @ xe
-        if self.between_passages is not None:
-            new_p = new_p + self.between_passages @ xp
-        new_e = self.to_entities @ xp
-        dangling = xp[self.dangling_passages].sum(0) + xe[self.dangling_entities].sum(0)
-        return new_p, new_e, dangling
+    def dangling_mass(self, xp: torch.Tensor, xe: torch.Tensor) -> torch.Tensor:
+        """The iterate's mass on the nodes of strength 0, per column [B] (kernels.dangling_mass)."""
+        return kernels.dangling_mass(self.dangling_passage_idx, self.dangling_entity_idx, xp, xe)
+
+    def ppr_step(self, xp, xe, rp, re, damping: float, out_p, out_e, g=None) -> torch.Tensor:
+        """kernels.ppr_step on this operator's tensors (see there); returns the L1 change per column."""
+        return kernels.ppr_step(self.to_passages, self.to_entities, self.between_passages, self.dangling_passage_idx,
+                                self.dangling_entity_idx, xp, xe, rp, re, damping, out_p, out_e, g, self.workspace)
 
 
-TRACE_CHANGES: list | None = None  # tests: set to a list to receive each step's L1 change per column [B]
+class StepObserver:
+    """Watches the power-iteration steps of personalized_pagerank (register with ``observe_steps``).
+
+    before_step(graph, columns): right before a step; ``columns`` [n] int64 holds the batch column of
+    each of the n working columns (stopped columns leave the working set as the loop compacts it).
+    after_step(graph, columns, change): right after it (kernels.ppr_step and, with leaf buckets, the
+    tracked leaves' correction); ``change`` [n] is the step's L1 change per working column.
+    Benchmarks time and count the steps with it; tests read the changes. The defaults do nothing.
+    """
+
+    def before_step(self, graph: PPRGraph, columns: torch.Tensor) -> None:
+        pass
+
+    def after_step(self, graph: PPRGraph, columns: torch.Tensor, change: torch.Tensor) -> None:
+        pass
+
+
+_OBSERVERS: list = []
+
+
+@contextmanager
+def observe_steps(observer: StepObserver):
+    """Call ``observer`` around every PageRank step of this process (any caller, the engine's included)
+    for the ``with`` block; yields the observer."""
+    _OBSERVERS.append(observer)
+    try:
+        yield observer
+    finally:
+        _OBSERVERS.remove(observer)
+
 
 
 class _ActiveLeaves:
@@ -239,7 +256,8 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
 
     A question stops when its L1 change is below cfg.ppr_tol, or when the change stops shrinking
     (a tolerance below the dtype's rounding floor would otherwise run to ppr_max_iter); it keeps the
-    iterate of that step. Each step is kernels.ppr_step on the working columns; a column that stops is
+    iterate of that step. Each step is kernels.ppr_step on the working columns (watched by the
+    observers of ``observe_steps``); a column that stops is
     written out at once and dropped from the working set at the next compaction (when a quarter of it
     has stopped), so late iterations cost only what is left. With graph.leaves the walk runs on the
     merged leaf buckets; the change and (with ``entity_scores``) the entity scores are those of the
@@ -280,17 +298,19 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
     for _ in range(cfg.ppr_max_iter):
         g = None
         if active is not None and active.e.numel():
-            g = kernels.dangling_mass(graph, xp, xe)
+            g = graph.dangling_mass(xp, xe)
             c = (1.0 - d) + d * g
             w = work_of[active.col]
             live = w >= 0
             xp_at = xp[active.p[live], w[live]]  # gathered before the step scratches xp, xe
             L_old = xe[active.bucket[live], w[live]]
-        change = kernels.ppr_step(graph, xp, xe, wrp, wre, d, bp, be, g)
+        for observer in _OBSERVERS:
+            observer.before_step(graph, cols)
+        change = graph.ppr_step(xp, xe, wrp, wre, d, bp, be, g)
         if active is not None and active.e.numel():
             change = change + _leaf_correction(active, live, w, xp_at, L_old, be, c, running, d)
-        if TRACE_CHANGES is not None:
-            TRACE_CHANGES.append(torch.full_like(total, float("nan")).index_copy_(0, cols, change))
+        for observer in _OBSERVERS:
+            observer.after_step(graph, cols, change)
         xp, bp, xe, be = bp, xp, be, xe  # the new iterate; the old one is scratch
         # the L1 change shrinks by at least d per step in exact arithmetic; once it stops shrinking the
         # column sits at the float rounding floor (about 1e-7 in float32), where more steps change nothing

@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
+from .kernels.backends import use_scipy_csr
 
 # On the CPU, building a CSR from unsorted coordinates and transposing one go through scipy.sparse, whose
 # conversions are counting sorts (linear in the entries; 2-3x faster than a torch argsort at 20M entries,
-# and the gap grows with size). The torch paths (argsort) serve other devices; tests compare the two.
-USE_SCIPY = True
+# and the gap grows with size). The torch paths (argsort) serve other devices; tests compare the two
+# (the switch: kernels.backends.SCIPY_CSR).
 
 
 def _scipy_coo_to_csr(row, col, val, shape) -> "Csr":
@@ -65,7 +66,7 @@ class Csr:
         """Build from coordinates (duplicates are summed)."""
         nrows, ncols = shape
         v = val.float()
-        scipy_path = row.device.type == "cpu" and USE_SCIPY
+        scipy_path = use_scipy_csr(row)
         if scipy_path and row.numel() > 1 and not bool((row[1:] >= row[:-1]).all()):
             return _scipy_coo_to_csr(row, col, v, shape)  # rows out of order: no need to form the keys
         key = row.to(torch.int64) * max(ncols, 1) + col.to(torch.int64)
@@ -103,7 +104,7 @@ class Csr:
         if self.nnz > 1 and bool(((rows[1:] == rows[:-1]) & (self.col[1:] <= self.col[:-1])).any()):
             # not a canonical CSR (columns unsorted or repeated within a row): the general path sums repeats
             return Csr.from_coo(self.col, rows, self.val, (self.shape[1], self.shape[0]))
-        if self.col.device.type == "cpu" and USE_SCIPY:
+        if use_scipy_csr(self.col):
             return _scipy_transpose(self)
         small = self.shape[1] < 2**31 - 1
         order = torch.argsort(self.col.to(torch.int32) if small else self.col, stable=True)  # int32 sorts faster

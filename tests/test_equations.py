@@ -5,10 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from linearrag_torch.activation import propagate_paper, propagate_reference, seed_entities, top_k_per_segment
+from linearrag_torch.activation import propagate_paper
 from linearrag_torch.config import RetrievalConfig
-from linearrag_torch.pagerank import PPRGraph, minmax, passage_reset, personalized_pagerank
+from linearrag_torch.kernels import top_k_per_segment
+from linearrag_torch.pagerank import PPRGraph, minmax, personalized_pagerank
 from linearrag_torch.sparse import Csr
+from linearrag_torch.testing import passage_reset, propagate_reference, seed_entities
 
 # sentences: s0 = {e0, e1}, s1 = {e1, e2}, s2 = {e2}
 M = Csr.from_rows([[0, 1], [1, 2], [2]], 3)

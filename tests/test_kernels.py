@@ -14,9 +14,10 @@ import torch
 from linearrag_torch import kernels
 from linearrag_torch.activation import nearest_entities
 from linearrag_torch.config import RetrievalConfig
-from linearrag_torch.pagerank import PPRGraph, passage_reset
+from linearrag_torch.pagerank import PPRGraph
 from linearrag_torch.sparse import Csr
 from linearrag_torch.synthetic import random_index
+from linearrag_torch.testing import passage_reset, ppr_step_reference
 
 
 def _graph(seed=0, P=30, E=40, adjacent=False, dangling=True):
@@ -40,9 +41,9 @@ def test_ppr_step_fallback_matches_the_plain_step(adjacent, dangling):
     tot = rp.sum(0) + re.sum(0)
     rp, re = rp / tot, re / tot
     xp, xe = torch.rand(P, 5, generator=gen) / P, torch.rand(E, 5, generator=gen) / E
-    want_p, want_e, want_c = kernels.ppr_step_reference(g, xp, xe, rp, re, 0.3)
+    want_p, want_e, want_c = ppr_step_reference(g, xp, xe, rp, re, 0.3)
     out_p, out_e = torch.empty_like(xp), torch.empty_like(xe)
-    change = kernels.ppr_step(g, xp.clone(), xe.clone(), rp, re, 0.3, out_p, out_e)
+    change = g.ppr_step(xp.clone(), xe.clone(), rp, re, 0.3, out_p, out_e)
     torch.testing.assert_close(out_p, want_p, rtol=1e-5, atol=1e-8)
     torch.testing.assert_close(out_e, want_e, rtol=1e-5, atol=1e-8)
     torch.testing.assert_close(change, want_c, rtol=1e-5, atol=1e-8)
@@ -94,7 +95,7 @@ def test_segment_topk_sigma_matches_brute_force(k, lazy):
 
 @pytest.mark.parametrize("use_scatter", [False, True])
 def test_segment_argmax_first_maximum(use_scatter):
-    if use_scatter and not kernels.segment_topk.torch_scatter_available():
+    if use_scatter and not kernels.backends.torch_scatter_available():
         pytest.skip("torch-scatter is not installed (optional)")
     values = torch.tensor([1.0, 3.0, 3.0, float("-inf"), 2.0, 5.0, float("-inf")])
     owner = torch.tensor([0, 0, 0, 1, 1, 2, 4])  # segment 3 is empty, segment 4 has no finite value
@@ -158,23 +159,26 @@ TRITON_SCRIPT = textwrap.dedent(
     import torch
     from linearrag_torch import kernels
     from linearrag_torch.kernels import ppr, segment_topk
+    from linearrag_torch.kernels.triton import ppr as triton_ppr
     from linearrag_torch.pagerank import PPRGraph
     from linearrag_torch.synthetic import random_index
-    assert kernels.use_triton(torch.zeros(1)), "the interpreter path is not selected"
+    assert kernels.backends.use_triton(torch.zeros(1)), "the interpreter path is not selected"
     # one PageRank step, with the adjacent-passage operator and dangling nodes; PIECE = 2 splits
     # most CSR rows into pieces, so the atomic path runs too
     index = random_index(9, 12, dim=8, seed=0)
-    for adjacent, ppr.PIECE in ((False, 512), (True, 512), (False, 2), (True, 2)):
+    for adjacent, triton_ppr.PIECE in ((False, 512), (True, 512), (False, 2), (True, 2)):
         g = PPRGraph.build(index.C, adjacent)
         gen = torch.Generator().manual_seed(1)
         P, E = g.to_passages.shape
         rp, re = torch.rand(P, 3, generator=gen), torch.rand(E, 3, generator=gen)
         xp, xe = torch.rand(P, 3, generator=gen), torch.rand(E, 3, generator=gen)
         wp, we = torch.empty_like(xp), torch.empty_like(xe)
-        want = ppr._ppr_step_torch(g, xp.clone(), xe.clone(), rp, re, 0.4,
-                                   xp[g.dangling_passages].sum(0) + xe[g.dangling_entities].sum(0), wp, we)
+        want = ppr._ppr_step_torch(g.to_passages, g.to_entities, g.between_passages,
+                                   bool(g.dangling_passage_idx.numel() or g.dangling_entity_idx.numel()), xp.clone(), xe.clone(),
+                                   rp, re, 0.4, xp[g.dangling_passages].sum(0) + xe[g.dangling_entities].sum(0),
+                                   wp, we, {})
         op, oe = torch.empty_like(xp), torch.empty_like(xe)
-        change = kernels.ppr_step(g, xp.clone(), xe.clone(), rp, re, 0.4, op, oe)
+        change = g.ppr_step(xp.clone(), xe.clone(), rp, re, 0.4, op, oe)
         torch.testing.assert_close(op, wp, rtol=1e-5, atol=1e-7)
         torch.testing.assert_close(oe, we, rtol=1e-5, atol=1e-7)
         torch.testing.assert_close(change, want, rtol=1e-5, atol=1e-7)
@@ -203,7 +207,7 @@ def test_triton_kernels_in_the_interpreter_match_the_fallbacks():
 
 def test_kernels_dispatch_to_torch_on_cpu_by_default(monkeypatch):
     monkeypatch.delenv("LINEARRAG_KERNELS", raising=False)
-    assert not kernels.use_triton(torch.zeros(1))
+    assert not kernels.backends.use_triton(torch.zeros(1))
     monkeypatch.setenv("LINEARRAG_KERNELS", "triton")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert not kernels.use_triton(torch.zeros(1))  # CPU tensors reach Triton only in the interpreter
+    assert not kernels.backends.use_triton(torch.zeros(1))  # CPU tensors reach Triton only in the interpreter

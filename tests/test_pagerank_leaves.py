@@ -7,6 +7,7 @@ from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.pagerank import PPRGraph, personalized_pagerank
 from linearrag_torch.sparse import Csr
 from linearrag_torch.synthetic import random_index
+from linearrag_torch.testing import ChangeTrace
 
 
 def _resets(P, E, B, seed, active=0.05):
@@ -30,11 +31,11 @@ def test_leaf_buckets_give_the_full_walk(adjacent, seed):
     rp, re = _resets(60, 90, 6, seed)
     for tol in (1e-6, 1e-9):  # 1e-9: down to the float32 floor, where the stopping rule matters most
         cfg = RetrievalConfig(damping=0.5, ppr_tol=tol, ppr_max_iter=300)
-        pagerank.TRACE_CHANGES = changes1 = []
-        xp1, xe1, v1 = personalized_pagerank(full, rp, re, cfg)
-        pagerank.TRACE_CHANGES = changes2 = []
-        xp2, xe2, v2 = personalized_pagerank(merged, rp, re, cfg)
-        pagerank.TRACE_CHANGES = None
+        with pagerank.observe_steps(ChangeTrace(6)) as t1:
+            xp1, xe1, v1 = personalized_pagerank(full, rp, re, cfg)
+        with pagerank.observe_steps(ChangeTrace(6)) as t2:
+            xp2, xe2, v2 = personalized_pagerank(merged, rp, re, cfg)
+        changes1, changes2 = t1.changes, t2.changes
         if tol >= 1e-6:  # above the float32 floor: the same steps, stopping at the same time
             assert len(changes1) == len(changes2)
             for c1, c2 in zip(changes1, changes2):  # the L1 change of every step, leaves included
@@ -55,11 +56,11 @@ def test_the_change_of_tracked_leaves_counts_like_the_full_graph():
     re = torch.tensor([[1.0], [0.0], [0.0], [0.0]])  # all reset on leaf e0: e0 and e1 move in opposite directions
     for it in range(1, 8):  # the same iterate and change after any number of steps
         cfg = RetrievalConfig(ppr_tol=1e-30, ppr_max_iter=it)
-        pagerank.TRACE_CHANGES = ca = []
-        a = personalized_pagerank(full, rp, re, cfg)
-        pagerank.TRACE_CHANGES = cb = []
-        b = personalized_pagerank(merged, rp, re, cfg)
-        pagerank.TRACE_CHANGES = None
+        with pagerank.observe_steps(ChangeTrace(1)) as ta:
+            a = personalized_pagerank(full, rp, re, cfg)
+        with pagerank.observe_steps(ChangeTrace(1)) as tb:
+            b = personalized_pagerank(merged, rp, re, cfg)
+        ca, cb = ta.changes, tb.changes
         torch.testing.assert_close(b[0], a[0])
         torch.testing.assert_close(b[1], a[1])
         torch.testing.assert_close(torch.stack(cb), torch.stack(ca))

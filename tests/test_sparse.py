@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from linearrag_torch import sparse
+from linearrag_torch.kernels import backends
 from linearrag_torch.sparse import Csr
 
 
@@ -22,7 +22,7 @@ def _canonical(a: Csr) -> bool:
 
 @pytest.fixture(params=[True, False], ids=["scipy", "torch"])
 def path(request, monkeypatch):
-    monkeypatch.setattr(sparse, "USE_SCIPY", request.param)
+    monkeypatch.setattr(backends, "SCIPY_CSR", request.param)
     return request.param
 
 
@@ -38,12 +38,12 @@ def test_from_coo_and_transpose_match_dense_on_both_paths(rows, cols, n, seed):
     want = torch.zeros(rows, cols, dtype=torch.float64).index_put_((r, c), v.double(), accumulate=True)
     results = []
     for use_scipy in (True, False):
-        sparse.USE_SCIPY = use_scipy
+        backends.SCIPY_CSR = use_scipy
         try:
             a = Csr.from_coo(r, c, v, (rows, cols))
             t = a.transpose()
         finally:
-            sparse.USE_SCIPY = True
+            backends.SCIPY_CSR = True
         a.check("a")
         t.check("t")
         assert _canonical(a) and _canonical(t)

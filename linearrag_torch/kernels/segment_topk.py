@@ -3,17 +3,15 @@
 For every frontier pair (entity e, question b) the candidates are the CSR row e of Mᵀ (the sentences
 that mention e). Unfused, torch expands every row into (pair, sentence) entries, gathers sigma for
 each (from a dense [S, B] sigma, or a dot product per entry), tests membership in the used set,
-and sorts everything twice. The Triton kernel walks each row in blocks, computes sigma as a dot
-product on the fly, looks the used set up by binary search and keeps the running best in registers:
-nothing of size (entries x D) or [S, B] is materialised.
+and sorts everything twice. The Triton kernel (kernels/triton/segment_topk.py) walks each row in
+blocks, computes sigma as a dot product on the fly, looks the used set up by binary search and keeps
+the running best in registers: nothing of size (entries x D) or [S, B] is materialised.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from ._dispatch import next_power_of_2, use_triton
+from .backends import use_torch_scatter, use_triton
 
 NONE = -1  # marks "no sentence left" in the [n, k] output
 
@@ -57,7 +55,9 @@ def segment_topk_sigma(crow: torch.Tensor, col: torch.Tensor, rows: torch.Tensor
     if n == 0:
         return torch.full((0, k), NONE, dtype=torch.int64, device=rows.device)
     if use_triton(rows) and not isinstance(sigma, torch.Tensor):
-        return _segment_topk_triton(crow, col, rows, qcols, sigma, used, batch, k)
+        from .triton import segment_topk as triton_segment_topk
+
+        return triton_segment_topk.segment_topk_sigma(crow, col, rows, qcols, sigma[0], sigma[1], used, batch, k)
     return _segment_topk_torch(crow, col, rows, qcols, sigma, used, batch, k)
 
 
@@ -82,16 +82,6 @@ def _segment_topk_torch(crow, col, rows, qcols, sigma, used, batch, k):
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def torch_scatter_available() -> bool:
-    """Whether the optional torch-scatter package imports (pip install torch-scatter: compiles from source)."""
-    try:
-        import torch_scatter  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
 def sorted_offsets(owner: torch.Tensor, n: int) -> torch.Tensor:
     """The CSR pointer [n + 1] of segments given as a sorted owner vector."""
     ptr = torch.zeros(n + 1, dtype=torch.int64, device=owner.device)
@@ -104,11 +94,11 @@ def segment_argmax(values: torch.Tensor, owner: torch.Tensor, n: int, use_scatte
     value, the first one among ties; -1 for a segment without a finite value.
 
     ``use_scatter``: use torch_scatter.segment_max_csr (one pass) instead of two native scatter_reduce
-    passes; None = when torch-scatter is installed and the tensors are on the CPU (where its argmax is
-    the first maximum and it measured faster, see benchmarks/README.md).
+    passes; None = as backends.use_torch_scatter decides (installed, CPU tensors). True/False choose
+    explicitly (the tests and benchmarks compare both).
     """
     if use_scatter is None:
-        use_scatter = values.device.type == "cpu" and torch_scatter_available()
+        use_scatter = use_torch_scatter(values)
     if use_scatter:
         import torch_scatter
 
@@ -137,78 +127,3 @@ def top_k_per_segment(values: torch.Tensor, owner: torch.Tensor, offsets: torch.
     rank = torch.arange(order.numel(), device=values.device) - offsets[owner[order]]
     keep = (rank < k) & torch.isfinite(values[order])
     return order[keep]
-
-
-# ----------------------------------------------------------------------------------------- Triton
-_KERNEL = None
-
-
-def _kernel():
-    global _KERNEL
-    if _KERNEL is None:
-        import triton
-        import triton.language as tl
-
-        @triton.jit
-        def row_topk(crow, col, rows, qcols, emb, qemb, used, out, n_used, search_steps, batch, D, K,
-                     BLOCK: tl.constexpr, DP: tl.constexpr):
-            # one program per pair; K passes, pass j finds the best entry strictly below pick j - 1
-            # in the order (sigma descending, s ascending)
-            i = tl.program_id(0)
-            r = tl.load(rows + i).to(tl.int64)
-            q = tl.load(qcols + i).to(tl.int64)
-            start = tl.load(crow + r).to(tl.int64)
-            end = tl.load(crow + r + 1).to(tl.int64)
-            dofs = tl.arange(0, DP)
-            dmask = dofs < D
-            qv = tl.load(qemb + q * D + dofs, mask=dmask, other=0.0)
-            prev_v = tl.full([], float("inf"), tl.float32)
-            prev_s = tl.full([], -1, tl.int64)
-            for j in range(K):
-                best_v = tl.full([], float("-inf"), tl.float32)
-                best_s = tl.full([], -1, tl.int64)
-                for b0 in range(start, end, BLOCK):
-                    offs = b0 + tl.arange(0, BLOCK)
-                    m = offs < end
-                    s = tl.load(col + offs, mask=m, other=0).to(tl.int64)
-                    e = tl.load(emb + s[:, None] * D + dofs[None, :], mask=m[:, None] & dmask[None, :], other=0.0)
-                    v = tl.sum(e * qv[None, :], axis=1)
-                    # used-set membership by binary search on the sorted keys
-                    key = s * batch + q
-                    lo = tl.zeros([BLOCK], dtype=tl.int64)
-                    hi = tl.zeros([BLOCK], dtype=tl.int64) + n_used
-                    for _ in range(search_steps):
-                        mid = (lo + hi) // 2
-                        go = lo < hi
-                        kv = tl.load(used + mid, mask=go & m, other=0)
-                        lo = tl.where(go & (kv < key), mid + 1, lo)
-                        hi = tl.where(go & (kv >= key), mid, hi)
-                    found = tl.load(used + lo, mask=m & (lo < n_used), other=-1) == key
-                    below = (v < prev_v) | ((v == prev_v) & (s > prev_s))
-                    ok = m & (~found) & below
-                    v = tl.where(ok, v, -float("inf"))
-                    bv = tl.max(v, axis=0)
-                    bs = tl.min(tl.where(ok & (v == bv), s, 9223372036854775807), axis=0)
-                    better = (bv > best_v) | ((bv == best_v) & (bs < best_s) & (bv > -float("inf")))
-                    best_s = tl.where(better & (bv > -float("inf")), bs, best_s)
-                    best_v = tl.where(better, bv, best_v)
-                tl.store(out + i * K + j, best_s)
-                prev_v = best_v  # -inf when nothing was left: the later passes then find nothing either
-                prev_s = best_s
-
-        _KERNEL = row_topk
-    return _KERNEL
-
-
-def _segment_topk_triton(crow, col, rows, qcols, sigma, used, batch, k):
-    sentence_emb, query_emb = sigma
-    n = rows.numel()
-    out = torch.full((n, k), NONE, dtype=torch.int64, device=rows.device)
-    D = sentence_emb.shape[1]
-    used = used.contiguous() if used.numel() else torch.full((1,), -1, dtype=torch.int64, device=rows.device)
-    n_used = used.numel()
-    steps = max(1, int(n_used).bit_length())
-    _kernel()[(n,)](crow, col, rows.contiguous(), qcols.contiguous(), sentence_emb.contiguous(),
-                    query_emb.contiguous(), used, out, n_used, steps, batch, D, k,
-                    BLOCK=32, DP=next_power_of_2(D))
-    return out

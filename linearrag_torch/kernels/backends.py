@@ -1,0 +1,84 @@
+"""Which implementation each operation runs, and every switch that changes it: the one place to look.
+
+| switch | where | effect |
+|---|---|---|
+| ``LINEARRAG_KERNELS`` (environment) | ``use_triton`` | ``auto`` (default): Triton for CUDA tensors when Triton imports; ``torch``: the pure-torch fallbacks everywhere (to compare on a GPU); ``triton``: also CPU tensors, in Triton's interpreter, when ``TRITON_INTERPRET=1`` (the equivalence tests) |
+| ``TRITON_INTERPRET=1`` (environment) | ``use_triton`` | read by Triton itself; with ``LINEARRAG_KERNELS=triton`` sends CPU tensors to the kernels |
+| torch-scatter installed | ``use_torch_scatter`` | ``segment_argmax`` on CPU tensors uses ``torch_scatter.segment_max_csr`` (one pass) |
+| ``SCIPY_CSR`` (this module) | ``use_scipy_csr`` | CPU CSR building and transposes in ``sparse.Csr`` go through scipy's linear-time conversions (tests switch it off to check the torch path) |
+
+``kernels_mode(mode)`` sets ``LINEARRAG_KERNELS`` for a ``with`` block (benchmarks, tests).
+A new backend adds its availability check and its ``use_*`` predicate here; the operations ask these
+predicates and nothing else.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+
+import torch
+
+KERNELS_ENV = "LINEARRAG_KERNELS"  # auto | torch | triton
+SCIPY_CSR = True  # sparse.Csr: scipy's counting-sort conversions for CPU tensors (see use_scipy_csr)
+
+
+@functools.lru_cache(maxsize=None)
+def triton_available() -> bool:
+    """Whether ``import triton`` works (cached: an import failure is not retried)."""
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:  # ImportError, or a triton that does not match this torch
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def torch_scatter_available() -> bool:
+    """Whether the optional torch-scatter package imports (pip install torch-scatter: compiles from source)."""
+    try:
+        import torch_scatter  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def kernels_setting() -> str:
+    """The value of ``LINEARRAG_KERNELS`` (``auto`` when unset)."""
+    return os.environ.get(KERNELS_ENV, "auto")
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """True when the operations should run their Triton implementation on tensor ``t``."""
+    mode = kernels_setting()
+    if mode == "torch":
+        return False
+    if t.is_cuda:
+        return triton_available()
+    return mode == "triton" and os.environ.get("TRITON_INTERPRET") == "1" and triton_available()
+
+
+def use_torch_scatter(t: torch.Tensor) -> bool:
+    """True when segment_argmax should use torch-scatter on tensor ``t``: installed and on the CPU (where
+    its argmax is the first maximum and it measured faster, see benchmarks/README.md)."""
+    return t.device.type == "cpu" and torch_scatter_available()
+
+
+def use_scipy_csr(t: torch.Tensor) -> bool:
+    """True when sparse.Csr should convert tensor ``t``'s matrix with scipy (CPU tensors, SCIPY_CSR on)."""
+    return t.device.type == "cpu" and SCIPY_CSR
+
+
+@contextlib.contextmanager
+def kernels_mode(mode: str):
+    """Set LINEARRAG_KERNELS (auto | torch | triton) for the ``with`` block."""
+    old = os.environ.get(KERNELS_ENV)
+    os.environ[KERNELS_ENV] = mode
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(KERNELS_ENV, None)
+        else:
+            os.environ[KERNELS_ENV] = old
