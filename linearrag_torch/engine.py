@@ -150,7 +150,8 @@ def activate_pairs(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalCo
     Sigma (eq. 4) is computed lazily from (sentence_emb, query_emb) for the (sentence, question) pairs
     the activation visits. Only paper mode forms dense [E, B] state."""
     B = queries.batch_size
-    keys, vals = seed_pairs(graph.entity_emb, queries.entity_emb, queries.entity_owner, B)
+    known = queries.entity_rows if queries.rows_of is graph.index else None  # stored vectors' rows (pipeline.py)
+    keys, vals = seed_pairs(graph.entity_emb, queries.entity_emb, queries.entity_owner, B, known)
     sigma = (graph.sentence_emb, queries.query_emb)
     if not cfg.use_activation:
         act = ActivePairs(keys, vals, torch.ones_like(keys), vals, B)

@@ -138,15 +138,19 @@ class QuestionPipeline:
         owner = torch.tensor([i for i, es in enumerate(ents) for _ in es], dtype=torch.int64)
         enc = self.encoder
         with stage(timings, "encoder"):
+            rows = None
             if hasattr(enc, "token_keys") and hasattr(enc, "encode_token_ids"):
-                q_emb, e_emb = self._encode_tokens(questions, flat, reuse_index_vectors and self.can_reuse)
+                q_emb, e_emb, rows = self._encode_tokens(questions, flat, reuse_index_vectors and self.can_reuse)
             else:  # a stand-in encoder with encode() only
                 q_emb = enc.encode(questions)
                 e_emb = enc.encode(flat) if flat else torch.zeros(0, q_emb.shape[1], device=q_emb.device)
         if e_emb.shape[1] != self.index.dim:
             raise ValueError(f"encoder {self.index.index_config.encoder!r} gives {e_emb.shape[1]}-d vectors, "
                              f"the index holds {self.index.dim}-d")
-        return EncodedQueries(q_emb.float(), e_emb.float(), owner.to(q_emb.device), flat)
+        if rows is None or all(r is None for r in rows):
+            return EncodedQueries(q_emb.float(), e_emb.float(), owner.to(q_emb.device), flat)
+        known = torch.tensor([-1 if r is None else r for r in rows], dtype=torch.int64, device=q_emb.device)
+        return EncodedQueries(q_emb.float(), e_emb.float(), owner.to(q_emb.device), flat, known, self.index)
 
     def _encode_tokens(self, questions: list, flat: list, reuse: bool):
         enc = self.encoder
@@ -167,4 +171,4 @@ class QuestionPipeline:
         if done:
             stored = self.index.entity_emb[torch.tensor([rows[j] for j in done])]
             e_emb[torch.tensor(done, device=emb.device)] = stored.to(emb.device, torch.float32)
-        return q_emb, e_emb
+        return q_emb, e_emb, rows

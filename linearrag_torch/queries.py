@@ -1,8 +1,8 @@
 """What the retrieval backends consume and return."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -15,12 +15,16 @@ class EncodedQueries:
     entity_emb    [Q, D] float32, L2-normalised embeddings of the questions' entities (lower-cased)
     entity_owner  [Q]    int64, the question (0..B-1) each entity belongs to
     entity_text   Q strings, for diagnostics
+    entity_rows   [Q] int64 or None: the index entity whose stored vector an entity took (-1: encoded),
+                  valid for the index ``rows_of`` only (the engine compares it by identity)
     """
 
     query_emb: torch.Tensor
     entity_emb: torch.Tensor
     entity_owner: torch.Tensor
     entity_text: list
+    entity_rows: Optional[torch.Tensor] = None
+    rows_of: object = field(default=None, repr=False, compare=False)
 
     @property
     def batch_size(self) -> int:
@@ -28,7 +32,8 @@ class EncodedQueries:
 
     def to(self, device) -> "EncodedQueries":
         return EncodedQueries(
-            self.query_emb.to(device), self.entity_emb.to(device), self.entity_owner.to(device), self.entity_text
+            self.query_emb.to(device), self.entity_emb.to(device), self.entity_owner.to(device), self.entity_text,
+            None if self.entity_rows is None else self.entity_rows.to(device), self.rows_of,
         )
 
 

@@ -174,3 +174,44 @@ def test_cli_query_with_int8_encoder_and_one_thread(small_index_dir, small_quest
         torch.set_num_threads(before)
     out = capsys.readouterr().out.strip().splitlines()
     assert rc == 0 and len(out) == 1 and len(json.loads(out[0])["hits"]) == 3
+
+
+def test_known_rows_skip_the_entity_scan_with_the_same_seeds(small_rag, questions):
+    """An entity string holding an index entity's stored vector seeds that entity: the scan over all
+    entities (nearest_entities without ``known``) finds the same entity and cosine."""
+    from linearrag_torch.activation import nearest_entities, seed_pairs
+
+    enc = small_rag.encode_queries(questions)
+    assert enc.entity_rows is not None and enc.rows_of is small_rag.index
+    known = enc.entity_rows
+    assert 0 < int((known >= 0).sum()) < known.numel()  # both kinds occur in the demo questions
+    emb = small_rag.index.entity_emb
+    best_k, arg_k = nearest_entities(emb, enc.entity_emb, known=known)
+    best_s, arg_s = nearest_entities(emb, enc.entity_emb)
+    assert torch.equal(arg_k, arg_s) and (best_k - best_s).abs().max() < 1e-6
+    keys_k, vals_k = seed_pairs(emb, enc.entity_emb, enc.entity_owner, len(questions), known)
+    keys_s, vals_s = seed_pairs(emb, enc.entity_emb, enc.entity_owner, len(questions))
+    assert torch.equal(keys_k, keys_s) and (vals_k - vals_s).abs().max() < 1e-6
+
+
+def test_rows_are_not_used_against_another_index(small_rag, nlp, encoder, questions):
+    """Vectors encoded for one index and ranked on another (benchmarks/compare_indexes.py) ignore the
+    first index's rows (the engine checks rows_of by identity)."""
+    from linearrag_torch import engine
+
+    ix = small_rag.index
+    enc = small_rag.encode_queries(questions[:8])
+    other = dataclasses.replace(ix)  # another index object: rows_of does not match
+    graph = engine.DeviceGraph(other, "cpu")
+    out = engine.retrieve(graph, enc, small_rag.config)
+    ref = engine.retrieve(graph, dataclasses.replace(enc, entity_rows=None, rows_of=None), small_rag.config)
+    assert torch.equal(out.indices, ref.indices)
+    calls = []
+    real = engine.seed_pairs
+    try:
+        engine.seed_pairs = lambda *a: calls.append(a[4:]) or real(*a)
+        engine.retrieve(graph, enc, small_rag.config)
+        engine.retrieve(small_rag.graph, enc, small_rag.config)
+    finally:
+        engine.seed_pairs = real
+    assert calls[0] == (None,) and calls[1][0] is enc.entity_rows
