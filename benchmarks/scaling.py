@@ -99,7 +99,8 @@ def measure_real_corpus(folder: Path, encode_sample: int = 256, seed: int = 0) -
     """Index the real corpus in ``folder``/corpus.jsonl with build_index (stage times: NER, graph,
     counts; a stand-in encoder), time the device graph, estimate encoding from samples with the real
     encoder, and return the statistics the synthetic corpora copy."""
-    from linearrag_torch.build import build_index, passage_text
+    from linearrag_torch.build import build_index
+    from linearrag_torch.index import passage_text
     from linearrag_torch.corpus import read_corpus
     from linearrag_torch.encoding import Encoder
     from linearrag_torch.nlp import load_spacy

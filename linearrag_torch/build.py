@@ -1,4 +1,4 @@
-"""Building the Tri-Graph index from passages (ALGORITHM.md section 2).
+"""Building the Tri-Graph index from passages (docs/METHOD.md, "Updating an index": one numbering for build, add and delete).
 
 Stages: NER + sentence split (spaCy) -> node numbering -> M, PS, C, N -> embeddings.
 Like the reference code, a sentence becomes a node only if it mentions at least one entity
@@ -21,14 +21,9 @@ from .config import IndexConfig, RetrievalConfig
 from .corpus import Passage, PassageId, check_new_ids
 from .counting import count_occurrences
 from .encoding import Encoder
-from .index import NER_PARTS, NerRecord, TokenKeys, TriGraphIndex
+from .index import NER_PARTS, NerRecord, TokenKeys, TriGraphIndex, passage_text
 from .nlp import analyse_passages, bind_title, load_spacy
 from .sparse import Csr
-
-
-def passage_text(title: str, text: str) -> str:
-    """The text that is analysed, embedded and searched (same as TriGraphIndex.passage_text)."""
-    return f"{title}\n{text}" if title else text
 
 
 def build_index(

@@ -1,0 +1,228 @@
+"""The on-disk side of an index folder: the atomic write, the manifest, fsync, and every check on load.
+
+A folder holds:
+    index.json                 format, version, counts, configs, file manifest (size + sha256)
+    tensors-<tag>.safetensors  embeddings, the CSR arrays of M, C, N, PS (and of the NER record), token keys
+    strings-<tag>.json         passage ids, titles, texts; sentence and entity strings
+    .lock                      present only while a writer works on the folder (lock.index_lock)
+A write (under the folder's lock, which the caller holds) puts the new data files next to the old ones,
+fsyncs them and the folder, then atomically replaces index.json (temporary file, fsync, os.replace,
+fsync of the folder) and only then deletes the old data files: a crash at any point leaves an
+index.json whose files are all present and intact, and ``read`` verifies each file's size and sha256
+against index.json. Readers take no lock (a reader that loses a race with a writer's clean-up re-reads
+index.json: ``read_retrying``). No pickle anywhere. This module knows files, not the Tri-Graph: it
+writes and returns dicts of tensors and strings (graph.TriGraphIndex.to_files / from_files).
+
+Test hook: when the environment variable LINEARRAG_TEST_PAUSE_BEFORE_COMMIT is set to a number of
+seconds, ``write`` prints a line to stderr and sleeps that long just before the atomic replacement of
+index.json (the crash-safety test kills the process there).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from ..config import IndexConfig, RetrievalConfig
+from . import upgrade
+from .errors import IndexFormatError
+from .layout import FORMAT, FORMAT_VERSION, REQUIRED_TENSORS, STRINGS
+
+PAUSE_ENV = "LINEARRAG_TEST_PAUSE_BEFORE_COMMIT"
+
+
+def write(path: Path, tensors: dict, strings: dict, fields: dict) -> None:
+    """Replace the index in folder ``path`` (existing; its lock held by the caller) with ``tensors``
+    (name -> CPU tensor), ``strings`` (name -> list) and index.json ``fields`` (counts, configs)."""
+    tag = uuid.uuid4().hex[:12]
+    files = {"tensors": f"tensors-{tag}.safetensors", "strings": f"strings-{tag}.json"}
+    # new names: until index.json names them, these files are invisible to readers
+    save_file(tensors, str(path / files["tensors"]))
+    (path / files["strings"]).write_text(json.dumps(strings, ensure_ascii=False), encoding="utf-8")
+    manifest = {}
+    for f in files.values():
+        fsync(path / f)
+        manifest[f] = {"bytes": (path / f).stat().st_size, "sha256": sha256(path / f)}
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, **fields, "files": files, "manifest": manifest}
+    tmp = path / f"index.json.{tag}.tmp"
+    tmp.write_text(json.dumps(meta, indent=1), encoding="utf-8")
+    fsync(tmp)
+    fsync_dir(path)  # the new files' folder entries are durable before index.json points at them
+    pause = os.environ.get(PAUSE_ENV)
+    if pause:
+        print(f"linearrag: {PAUSE_ENV}: pausing {pause} s before replacing {path / 'index.json'}",
+              file=sys.stderr, flush=True)
+        time.sleep(float(pause))
+    os.replace(tmp, path / "index.json")  # the commit point
+    fsync_dir(path)
+    for stale in path.iterdir():  # data files of earlier versions, and leftovers of crashed writes
+        if stale.name not in files.values() and stale.name != "index.json" and _is_ours(stale.name):
+            stale.unlink(missing_ok=True)
+
+
+@dataclass
+class Stored:
+    """What ``read`` found in a folder, checked against index.json, in the current layout."""
+
+    meta_path: Path
+    tensors_path: Path
+    strings_path: Path
+    counts: dict
+    index_config: IndexConfig
+    retrieval_config: RetrievalConfig
+    tensors: dict
+    strings: dict
+
+
+def read(path: Path, verify: bool) -> Stored:
+    """Read folder ``path``: index.json, the files it names (``verify``: their sizes and sha256), the
+    tensors (required ones present, earlier layouts brought to the current one by upgrade.py) and the
+    strings (lists of the right types). Anything else raises IndexFormatError naming the file."""
+    if not path.is_dir():
+        raise IndexFormatError(f"{path}: no such index folder")
+    meta_path = path / "index.json"
+    if not meta_path.is_file():
+        raise IndexFormatError(f"{path}: not an index folder (no index.json)")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise IndexFormatError(f"{meta_path}: unreadable ({exc})") from None
+    except OSError as exc:
+        raise IndexFormatError(f"{meta_path}: cannot read ({exc.strerror})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise IndexFormatError(f"{meta_path}: not a {FORMAT} file")
+    version = meta.get("format_version")
+    upgrade.check_version(version, meta_path)
+    try:
+        files = meta["files"]
+        manifest = meta["manifest"]
+        counts = meta["counts"]
+        for name, value in (("files", files), ("manifest", manifest), ("counts", counts)):
+            if not isinstance(value, dict):
+                raise TypeError(f"'{name}' must be an object")
+        index_config = IndexConfig.from_dict(meta["index_config"])
+        retrieval_config = RetrievalConfig.from_dict(meta["retrieval_config"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise IndexFormatError(f"{meta_path}: missing or invalid field {exc}") from None
+    for role in ("tensors", "strings"):
+        name = files.get(role)
+        if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+            raise IndexFormatError(f"{meta_path}: invalid file name for {role}: {name!r}")
+        f = path / name
+        if not f.is_file():
+            raise IndexFormatError(f"{f}: data file named by index.json is missing")
+        if verify:
+            want = manifest.get(f.name)
+            want = want if isinstance(want, dict) else {}
+            if f.stat().st_size != want.get("bytes"):
+                raise IndexFormatError(
+                    f"{f}: size {f.stat().st_size} bytes, index.json records {want.get('bytes')} (truncated?)"
+                )
+            if sha256(f) != want.get("sha256"):
+                raise IndexFormatError(f"{f}: checksum does not match index.json (corrupted file)")
+    for name in ("passages", "sentences", "entities"):
+        n = counts.get(name)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise IndexFormatError(f"{meta_path}: invalid count of {name}: {n!r}")
+    tensors_path, strings_path = path / files["tensors"], path / files["strings"]
+    try:
+        t = load_file(str(tensors_path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise IndexFormatError(f"{tensors_path}: unreadable safetensors ({exc})") from None
+    try:
+        s = json.loads(strings_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise IndexFormatError(f"{strings_path}: unreadable ({exc})") from None
+    except OSError as exc:
+        raise IndexFormatError(f"{strings_path}: cannot read ({exc.strerror})") from None
+    missing = [k for k in REQUIRED_TENSORS if k not in t]
+    if missing:
+        raise IndexFormatError(f"{tensors_path}: missing tensors {missing}")
+    _check_strings(s, strings_path)
+    t = upgrade.upgrade(version, t, tensors_path)
+    return Stored(meta_path, tensors_path, strings_path, counts, index_config, retrieval_config, t, s)
+
+
+def read_retrying(path: Path, read_once):
+    """``read_once(path)``, started again (at most 5 times in all) when it fails while index.json changes
+    under it: a writer replaced index.json and removed the files the first one named."""
+    for attempt in range(5):
+        before = _read_or_none(path / "index.json")
+        try:
+            return read_once(path)
+        except IndexFormatError:
+            if attempt == 4 or _read_or_none(path / "index.json") == before:
+                raise
+    raise AssertionError("unreachable")
+
+
+def make_dirs(path: Path) -> None:
+    """mkdir -p, making each created folder's entry durable (fsync of its parent)."""
+    missing = []
+    p = path
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    path.mkdir(parents=True, exist_ok=True)
+    for m in reversed(missing):
+        fsync_dir(m.parent)
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fsync(path)
+    except OSError:  # some filesystems refuse fsync on a directory
+        pass
+
+
+def _read_or_none(path: Path):
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _check_strings(s, where: Path) -> None:
+    """The strings file must hold lists of the right element types (anything else: IndexFormatError)."""
+    if not isinstance(s, dict):
+        raise IndexFormatError(f"{where}: expected a JSON object")
+    for name in STRINGS:
+        value = s.get(name)
+        if not isinstance(value, list):
+            raise IndexFormatError(f"{where}: missing field or not a list: {name!r}")
+        if name == "passage_ids":
+            ok = all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in value)
+        else:
+            ok = all(isinstance(x, str) for x in value)
+        if not ok:
+            raise IndexFormatError(f"{where}: {name!r} holds an element of the wrong type")
+
+
+def _is_ours(name: str) -> bool:
+    return (name.startswith("tensors-") and name.endswith(".safetensors")) or (
+        name.startswith("strings-") and name.endswith(".json")
+    ) or (name.startswith("index.json.") and name.endswith(".tmp"))
