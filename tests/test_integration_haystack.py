@@ -1,7 +1,10 @@
 """The Haystack 2.x component in process, in a Pipeline, serialised, and over HTTP."""
 import asyncio
+import os
 
 import pytest
+
+os.environ["HAYSTACK_TELEMETRY_ENABLED"] = "False"  # haystack would post anonymous usage data (posthog) from a thread
 
 pytest.importorskip("haystack")
 pytest.importorskip("httpx")
