@@ -26,11 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks.kernels import StepMeter, make_graph, run_cases, timed  # noqa: E402
+from benchmarks.common import StepMeter, kernel_backends, log, make_graph, sync, timed  # noqa: E402
+from benchmarks.kernels import run_cases  # noqa: E402
 from linearrag_torch import reference  # noqa: E402
 from linearrag_torch.config import RetrievalConfig  # noqa: E402
 from linearrag_torch.engine import DeviceGraph, retrieve  # noqa: E402
-from linearrag_torch.kernels.backends import kernels_mode, torch_scatter_available, triton_available  # noqa: E402
+from linearrag_torch.kernels.backends import kernels_mode, triton_available  # noqa: E402
 from linearrag_torch.synthetic import random_queries  # noqa: E402
 
 DATE = "2026-11-30"
@@ -46,11 +47,6 @@ class Clock:
 
     def left(self) -> float:
         return self.budget - (time.perf_counter() - self.t0)
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # ----------------------------------------------------------------------------------------- 1. bandwidth
@@ -141,30 +137,35 @@ def timing(device, sizes, batches, clock: Clock, copy_gbs: float, log) -> list:
     return rows
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (seconds): a test of the script itself")
     ap.add_argument("--json", type=Path, default=None, help="default benchmarks/results/gpu_check[_smoke].json")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new work after this long")
     ap.add_argument("--seed", type=int, default=None, help="seed of the agreement check (default: fresh)")
-    args = ap.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device: use --device cpu --smoke for a CPU run of this script", file=sys.stderr)
-        return 2
+    return ap.parse_args(argv)
+
+
+def prepare(args, device):
+    """(sizes, seed, the result skeleton with its info block, the JSON path)."""
     sizes = SMOKE if args.smoke else FULL
-    clock = Clock(args.budget_s)
-    log = lambda m: print(m, flush=True)  # noqa: E731
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") % 1_000_000
+    backends = kernel_backends()
     info = {"benchmark": "gpu_check", "date": DATE, "device": str(device), "smoke": args.smoke,
-            "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton_available(),
-            "torch_scatter": torch_scatter_available(), "cpu_count": os.cpu_count()}
+            "torch": torch.__version__, "cuda": torch.version.cuda, "triton": backends["triton"],
+            "torch_scatter": backends["torch_scatter"], "cpu_count": os.cpu_count()}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
         info["triton_version"] = __import__("triton").__version__ if triton_available() else None
     out = {"info": info, "sections": {}}
     path = args.json or Path(__file__).resolve().parent / "results" / ("gpu_check_smoke.json" if args.smoke else "gpu_check.json")
+    return sizes, seed, out, path
+
+
+def run(device, sizes, seed, clock: Clock, out: dict, path: Path) -> None:
+    """The four sections, each recorded in ``out`` (and the JSON rewritten) as it ends; an error in one
+    is recorded and does not stop the others."""
 
     def section(name, fn):
         t = time.perf_counter()
@@ -192,11 +193,28 @@ def main(argv=None) -> int:
     section("kernels", lambda: run_cases(sizes["kernel_passages"], sizes["kernel_batch"], device, repeat=5, log=log,
                                          argmax_size=sizes["argmax_size"]))
     section("timing", lambda: timing(device, sizes["sizes"], sizes["batches"], clock, copy_gbs or 0.0, log))
+
+
+def report(out: dict, path: Path, clock: Clock) -> int:
+    """Writes the JSON; exit status 1 when a section failed or the agreement check did not pass."""
     out["total_s"] = time.perf_counter() - clock.t0
     path.write_text(json.dumps(out, indent=1, default=str))
     log(f"wrote {path} ({out['total_s']:.0f} s)")
+    agr = out["sections"]["agreement"].get("result")
     failed = [n for n, s in out["sections"].items() if "error" in s] + ([] if agr and agr["ok"] else ["agreement"])
     return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: use --device cpu --smoke for a CPU run of this script", file=sys.stderr)
+        return 2
+    clock = Clock(args.budget_s)
+    sizes, seed, out, path = prepare(args, device)
+    run(device, sizes, seed, clock, out, path)
+    return report(out, path, clock)
 
 
 if __name__ == "__main__":

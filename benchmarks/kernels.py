@@ -12,43 +12,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.common import kernel_backends, make_graph, timed
 from linearrag_torch import kernels
 from linearrag_torch.activation import nearest_entities
 from linearrag_torch.config import RetrievalConfig
-from linearrag_torch.engine import DeviceGraph
 from linearrag_torch.kernels.backends import kernels_mode, torch_scatter_available, triton_available
-from linearrag_torch.pagerank import PPRGraph, StepObserver, observe_steps, personalized_pagerank
-from linearrag_torch.synthetic import index_from_mentions, random_embeddings, random_mentions, random_queries
+from linearrag_torch.pagerank import PPRGraph, personalized_pagerank
+from linearrag_torch.synthetic import random_queries
 from linearrag_torch.testing import passage_reset, ppr_step_reference, propagate_reference, seed_entities
 
 DATE = "2026-11-30"
-
-
-# ----------------------------------------------------------------------------------------- timing
-def timed(fn, device: torch.device, repeat: int = 5) -> float:
-    """Median milliseconds of fn() over ``repeat`` runs after one warm-up (CUDA events on a GPU)."""
-    fn()
-    out = []
-    for _ in range(repeat):
-        if device.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize(device)
-            out.append(a.elapsed_time(b))
-        else:
-            t = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(out)
 
 
 def _diff(a, b) -> float:
@@ -137,78 +115,7 @@ def propagate_reference_dense(M_crow, M_col, MT_crow, MT_col, sigma, seeds, is_s
     return score, tier, weight
 
 
-# ----------------------------------------------------------------------------------------- PageRank traffic
-def ppr_step_bytes(graph, B: int) -> int:
-    """Memory traffic of one kernels.ppr_step on B columns if nothing is reused from cache: each CSR
-    entry's index and value, each gathered row of x (B floats), and per output row the reset and old
-    iterate read and the new iterate written."""
-    total = 0
-    for mat in (graph.to_passages, graph.to_entities, graph.between_passages):
-        if mat is None:
-            continue
-        rows = mat.shape[0]
-        nnz = mat.values().numel()
-        ib = mat.col_indices().element_size()
-        total += nnz * (ib + 4) + (rows + 1) * ib + nnz * B * 4 + rows * B * 4 * 3
-    return total
-
-
-class StepMeter(StepObserver):
-    """Observes the PageRank steps (pagerank.observe_steps) while active: sums their modeled bytes and
-    (with CUDA events on a GPU) their time. ``with meter:`` may be entered several times."""
-
-    def __init__(self, device):
-        self.device, self.bytes, self.events, self.calls = device, 0, [], 0
-        self._start = None
-        self._ctx = None
-
-    def __enter__(self):
-        self._ctx = observe_steps(self)
-        self._ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._ctx.__exit__(*exc)
-        self._ctx = None
-
-    def before_step(self, graph, columns):
-        self.bytes += ppr_step_bytes(graph, columns.numel())
-        self.calls += 1
-        if self.device.type == "cuda":
-            self._start = torch.cuda.Event(enable_timing=True)
-            self._start.record()
-        else:
-            self._start = time.perf_counter()
-
-    def after_step(self, graph, columns, change):
-        if self.device.type == "cuda":
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self.events.append((self._start, end))
-        else:
-            self.events.append(time.perf_counter() - self._start)
-
-    def ms(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            return sum(s.elapsed_time(e) for s, e in self.events)
-        return 1e3 * sum(self.events)
-
-
 # ----------------------------------------------------------------------------------------- cases
-def make_graph(passages: int, dim: int, device, seed: int = 0):
-    """A synthetic index with the 2WikiMultiHopQA-calibrated statistics of benchmarks/scaling.py."""
-    from benchmarks.scaling import DEFAULT_STATS as st
-
-    m = random_mentions(passages, max(1, round(st["vocabulary_per_passage"] * passages)), st["sentences_per_passage"],
-                        st["entities_per_sentence"], st["zipf"], st["extra_ratio"], repeat=st["repeat"], seed=seed)
-    index = index_from_mentions(m, random_embeddings(m.passages, dim, seed + 1),
-                                random_embeddings(m.sentences, dim, seed + 2), random_embeddings(m.entities, dim, seed + 3))
-    graph = DeviceGraph(index, device)
-    graph.ppr_graph(False)
-    return index, graph
-
-
 def run_cases(passages: int, batch: int, device: torch.device, repeat: int, dim: int = 64, log=print,
               argmax_size: int = 1 << 21) -> list:
     index, graph = make_graph(passages, dim, device)
@@ -360,7 +267,7 @@ def run_cases(passages: int, batch: int, device: torch.device, repeat: int, dim:
     return rows
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--passages", type=int, default=100_000)
     ap.add_argument("--batch", type=int, default=64)
@@ -369,19 +276,27 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--png", type=Path, default=None, help="bar chart of the speed-ups (default: the JSON path with .png)")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    rows = run_cases(args.passages, args.batch, device, args.repeat)
+    return ap.parse_args(argv)
+
+
+def report(rows: list, args, device: torch.device, argv=None) -> None:
+    """The JSON result file and its bar chart (when --json or --png is given)."""
     if args.json:
         out = {"benchmark": "kernels", "date": DATE, "torch": torch.__version__, "device": str(device),
-               "threads": args.threads, "cpu_count": os.cpu_count(), "triton": triton_available(),
-               "torch_scatter": torch_scatter_available(),
+               "threads": args.threads, "cpu_count": os.cpu_count(), **kernel_backends(),
                "command": " ".join(["python", "-m", "benchmarks.kernels"] + (argv or sys.argv[1:])), "rows": rows}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1))
     if args.png or args.json:
         plot(rows, args.png or args.json.with_suffix(".png"), f"{device}, {args.passages:,} passages, batch {args.batch}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    rows = run_cases(args.passages, args.batch, device, args.repeat)
+    report(rows, args, device, argv)
     return 0
 
 

@@ -16,7 +16,6 @@ import gc
 import json
 import math
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks.common import (  # noqa: E402
+    DEFAULT_STATS, StepMeter, log, machine, peak_memory, pick_device, reset_peak_memory, sync, synthetic_embeddings,
+    synthetic_mentions,
+)
 from linearrag_torch import reference  # noqa: E402
 from linearrag_torch.config import IndexConfig, RetrievalConfig  # noqa: E402
 from linearrag_torch.engine import DeviceGraph, retrieve, slice_queries  # noqa: E402
@@ -37,49 +40,6 @@ from linearrag_torch.synthetic import (  # noqa: E402
 DATE = "2026-11-30"  # the date of our recorded runs (benchmarks/results/scaling_cpu.json)
 DEFAULT_SIZES = (10_000, 30_000, 100_000, 300_000, 1_000_000)
 DEFAULT_BATCHES = (1, 64, 1024)
-# used when no real corpus was measured: the generator calibrated on 2WikiMultiHopQA in our run
-# (benchmarks/results/scaling_cpu.json, "generator")
-DEFAULT_STATS = {"sentences_per_passage": 4.53, "entities_per_sentence": 4.375, "vocabulary_per_passage": 23.07,
-                 "zipf": 0.68, "extra_ratio": 2.63, "repeat": 0.705}
-
-
-# ----------------------------------------------------------------------------------------- memory
-def reset_peak_memory(device: torch.device) -> int:
-    """Start a peak-memory window; returns the current usage (RSS on CPU, allocated bytes on CUDA)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        return torch.cuda.memory_allocated(device)
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:  # "5" resets the peak RSS (VmHWM) of this process
-            fh.write("5")
-    except OSError:
-        pass
-    return _status_bytes("VmRSS")
-
-
-def peak_memory(device: torch.device) -> int:
-    """Peak usage since reset_peak_memory (peak RSS on CPU, peak allocated bytes on CUDA)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device)
-    return _status_bytes("VmHWM")
-
-
-def _status_bytes(field: str) -> int:
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # ----------------------------------------------------------------------------------------- real corpus
@@ -215,17 +175,15 @@ def _index_bytes(index) -> int:
 
 def build(passages: int, stats: dict, dim: int, device: torch.device, seed: int = 0):
     """A synthetic index of ``passages`` passages; times the structure build (mentions -> device graph)."""
-    m = random_mentions(passages, max(1, round(stats["vocabulary_per_passage"] * passages)),
-                        stats["sentences_per_passage"], stats["entities_per_sentence"], stats["zipf"],
-                        stats["extra_ratio"], repeat=stats.get("repeat", 0.0), seed=seed)
-    emb = [random_embeddings(n, dim, seed + i + 1) for i, n in enumerate((m.passages, m.sentences, m.entities))]
+    m = synthetic_mentions(passages, stats, seed)
+    emb = synthetic_embeddings(m, dim, seed)
     base = reset_peak_memory(torch.device("cpu"))
     t, tc = time.perf_counter(), time.process_time()
     index = index_from_mentions(m, *emb)
     structure_s = time.perf_counter() - t
     graph = DeviceGraph(index, device)
     graph.ppr_graph(False)
-    _sync(device)
+    sync(device)
     build_s = time.perf_counter() - t
     build_cpu_s = time.process_time() - tc
     info = {
@@ -245,7 +203,7 @@ def build(passages: int, stats: dict, dim: int, device: torch.device, seed: int 
     index = index_from_mentions(m, *emb)
     graph = DeviceGraph(index, device)
     graph.ppr_graph(False)
-    _sync(device)
+    sync(device)
     info["build_warm_s"] = time.perf_counter() - t
     del m, emb
     return index, graph, info
@@ -257,8 +215,6 @@ def time_torch(graph, index, batch: int, cfg, device, min_questions: int, seed: 
     The engine runs a batch as independent chunks of graph.questions_per_chunk() questions; when a whole
     batch would take longer than ``max_call_s``, only some of its chunks are timed (at least 2, each a
     retrieve call on that chunk's questions) and the row says so ("chunks_timed" of "chunks")."""
-    from benchmarks.kernels import StepMeter
-
     retrieve(graph, random_queries(index, 2, seed=seed + 99), cfg)  # warm-up: first-call allocations
     chunk = graph.questions_per_chunk(None, cfg)
     meter = StepMeter(device)  # the PageRank steps of the timed calls: count, time, modeled traffic
@@ -278,21 +234,21 @@ def _time_torch_calls(graph, index, batch: int, cfg, device, min_questions: int,
     cpu = 0.0
     if n_chunks > 2:
         q = random_queries(index, batch, seed=seed)
-        _sync(device)
+        sync(device)
         t = time.perf_counter()
         retrieve(graph, slice_queries(q, 0, chunk), cfg)
-        _sync(device)
+        sync(device)
         if (time.perf_counter() - t) * n_chunks <= max_call_s:  # the whole batch fits: time it whole
             n_chunks = 0
     if n_chunks > 2:
         times = []
         for c in range(n_chunks):  # chunk by chunk, until the time limit (then extrapolate)
             sub = slice_queries(q, c * chunk, min(batch, (c + 1) * chunk))
-            _sync(device)
+            sync(device)
             t, tc = time.perf_counter(), time.process_time()
             with meter:
                 retrieve(graph, sub, cfg)
-            _sync(device)
+            sync(device)
             times.append(time.perf_counter() - t)
             cpu += time.process_time() - tc
             if c >= 1 and sum(times) / (c + 1) * n_chunks > max_call_s and sum(times) > max_call_s / 4:
@@ -307,11 +263,11 @@ def _time_torch_calls(graph, index, batch: int, cfg, device, min_questions: int,
         calls, questions, total = 0, 0, 0.0
         while questions < max(batch, min_questions) or calls == 0:
             q = random_queries(index, batch, seed=seed + calls)
-            _sync(device)
+            sync(device)
             t, tc = time.perf_counter(), time.process_time()
             with meter:
                 retrieve(graph, q, cfg)
-            _sync(device)
+            sync(device)
             total += time.perf_counter() - t
             cpu += time.process_time() - tc
             calls += 1
@@ -486,25 +442,7 @@ def plot(result: dict, png: Path) -> None:
     fig.savefig(png, dpi=110)
 
 
-def machine(device: torch.device, threads: int) -> dict:
-    d = {"cpu_count": os.cpu_count(), "torch_threads": threads, "torch": torch.__version__,
-         "numpy": np.__version__, "python": platform.python_version(), "platform": platform.platform(),
-         "device": str(device)}
-    try:
-        import scipy
-
-        d["scipy"] = scipy.__version__
-    except ImportError:
-        pass
-    if device.type == "cuda":
-        d["gpu"] = torch.cuda.get_device_name(device)
-        d["description"] = f"{d['gpu']}"
-    else:
-        d["description"] = f"{os.cpu_count()} cores CPU, {threads} torch thread(s)"
-    return d
-
-
-def main(argv=None) -> int:
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), help="numbers of passages")
     ap.add_argument("--batch", type=int, nargs="+", default=list(DEFAULT_BATCHES), help="batch sizes")
@@ -532,8 +470,14 @@ def main(argv=None) -> int:
         from linearrag_torch.engine import parse_bytes
 
         args.memory_budget = parse_bytes(args.memory_budget)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    return args
+
+
+def prepare(args):
+    """Device, threads, allocator; the statistics of the synthetic corpora (measured on --real, or kept
+    from the --merge file, else DEFAULT_STATS) and the sizes and rows of the --merge file this run keeps.
+    Returns (device, malloc_kept, stats, real, generator, sizes, rows)."""
+    device = pick_device(args.device)
     torch.set_num_threads(args.threads)
     from linearrag_torch.memory import keep_freed_memory
 
@@ -544,8 +488,6 @@ def main(argv=None) -> int:
         threadpool_limits(args.threads)
     except ImportError:
         pass
-    log = lambda msg: print(msg, flush=True)  # noqa: E731
-
     old = json.loads(args.json.read_text()) if args.merge and args.json.is_file() else {}
     real = old.get("real_corpus")
     if args.real is not None:
@@ -566,22 +508,34 @@ def main(argv=None) -> int:
     rows = [r for r in old.get("rows", []) if r["passages"] not in args.sizes
             or r["backend"] not in args.backends or r["batch"] not in args.batch
             or (r["backend"] == "torch" and r["device"] != str(device))]
-    for P in args.sizes:
+    return device, malloc_kept, stats, real, generator, sizes, rows
+
+
+def report(args, argv, device, malloc_kept, stats, real, generator, sizes, rows) -> dict:
+    """The result so far, written to --json (after every size: a long run keeps what it did)."""
+    result = {
+        "benchmark": "scaling", "date": DATE, "machine": {**machine(device, args.threads),
+                                                          "malloc_keep_freed_memory": malloc_kept},
+        "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.scaling"] + (argv or sys.argv[1:])),
+        "config": RetrievalConfig().to_dict(), "synthetic_stats": stats, "generator": generator,
+        "real_corpus": real,
+        "sizes": sorted(sizes.values(), key=lambda s: s["passages"]),
+        "rows": sorted(rows, key=lambda r: (r["passages"], r["backend"], r["batch"])),
+    }
+    result.update(summarise(result))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device, malloc_kept, stats, real, generator, sizes, rows = prepare(args)
+    for P in args.sizes:  # run
         info, new_rows = run_size(P, stats, args, device, log)
         sizes[P] = info
         rows += new_rows
-        result = {
-            "benchmark": "scaling", "date": DATE, "machine": {**machine(device, args.threads),
-                                                              "malloc_keep_freed_memory": malloc_kept},
-            "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.scaling"] + (argv or sys.argv[1:])),
-            "config": RetrievalConfig().to_dict(), "synthetic_stats": stats, "generator": generator,
-            "real_corpus": real,
-            "sizes": sorted(sizes.values(), key=lambda s: s["passages"]),
-            "rows": sorted(rows, key=lambda r: (r["passages"], r["backend"], r["batch"])),
-        }
-        result.update(summarise(result))
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))  # after every size: a long run keeps what it did
+        result = report(args, argv, device, malloc_kept, stats, real, generator, sizes, rows)
     plot(result, args.png or args.json.with_suffix(".png"))
     log(json.dumps({k: result[k] for k in ("slopes", "slopes_cpu_time", "torch_over_scipy_pooled")}, indent=1))
     return 0

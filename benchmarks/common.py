@@ -1,0 +1,200 @@
+"""What the benchmarks share: timing, device sync, peak memory, machine info, the synthetic graph with
+2WikiMultiHopQA's statistics, and the meter of the PageRank steps. Each benchmark is then
+prepare (arguments, device, inputs) -> run (the measurements, as rows) -> report (JSON, plot, log).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from linearrag_torch.engine import DeviceGraph
+from linearrag_torch.kernels.backends import torch_scatter_available, triton_available
+from linearrag_torch.pagerank import StepObserver, observe_steps
+from linearrag_torch.synthetic import index_from_mentions, random_embeddings, random_mentions
+
+# used when no real corpus was measured: the generator calibrated on 2WikiMultiHopQA in our run
+# (benchmarks/results/scaling_cpu.json, "generator")
+DEFAULT_STATS = {"sentences_per_passage": 4.53, "entities_per_sentence": 4.375, "vocabulary_per_passage": 23.07,
+                 "zipf": 0.68, "extra_ratio": 2.63, "repeat": 0.705}
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto``: CUDA when torch sees it, else the CPU; anything else as torch.device reads it."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+# ----------------------------------------------------------------------------------------- timing
+def sync(device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device: torch.device, repeat: int = 5) -> float:
+    """Median milliseconds of fn() over ``repeat`` runs after one warm-up (CUDA events on a GPU)."""
+    fn()
+    out = []
+    for _ in range(repeat):
+        if device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize(device)
+            out.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(out)
+
+
+# ----------------------------------------------------------------------------------------- memory
+def reset_peak_memory(device: torch.device) -> int:
+    """Start a peak-memory window; returns the current usage (RSS on CPU, allocated bytes on CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return torch.cuda.memory_allocated(device)
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:  # "5" resets the peak RSS (VmHWM) of this process
+            fh.write("5")
+    except OSError:
+        pass
+    return _status_bytes("VmRSS")
+
+
+def peak_memory(device: torch.device) -> int:
+    """Peak usage since reset_peak_memory (peak RSS on CPU, peak allocated bytes on CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device)
+    return _status_bytes("VmHWM")
+
+
+def _status_bytes(field: str) -> int:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+# ----------------------------------------------------------------------------------------- machine
+def machine(device: torch.device, threads: int) -> dict:
+    """Versions and hardware for a result file."""
+    d = {"cpu_count": os.cpu_count(), "torch_threads": threads, "torch": torch.__version__,
+         "numpy": np.__version__, "python": platform.python_version(), "platform": platform.platform(),
+         "device": str(device)}
+    try:
+        import scipy
+
+        d["scipy"] = scipy.__version__
+    except ImportError:
+        pass
+    if device.type == "cuda":
+        d["gpu"] = torch.cuda.get_device_name(device)
+        d["description"] = f"{d['gpu']}"
+    else:
+        d["description"] = f"{os.cpu_count()} cores CPU, {threads} torch thread(s)"
+    return d
+
+
+def kernel_backends() -> dict:
+    """Which optional kernel backends import here (kernels/backends.py)."""
+    return {"triton": triton_available(), "torch_scatter": torch_scatter_available()}
+
+
+# ----------------------------------------------------------------------------------------- synthetic graph
+def synthetic_mentions(passages: int, stats: dict, seed: int = 0):
+    """random_mentions with the statistics ``stats`` (DEFAULT_STATS or a calibration of scaling.py)."""
+    return random_mentions(passages, max(1, round(stats["vocabulary_per_passage"] * passages)),
+                           stats["sentences_per_passage"], stats["entities_per_sentence"], stats["zipf"],
+                           stats["extra_ratio"], repeat=stats.get("repeat", 0.0), seed=seed)
+
+
+def synthetic_embeddings(m, dim: int, seed: int = 0) -> list:
+    """Random unit vectors for the passages, sentences and entities of mentions ``m`` (seeds seed+1..3)."""
+    return [random_embeddings(n, dim, seed + i + 1) for i, n in enumerate((m.passages, m.sentences, m.entities))]
+
+
+def make_graph(passages: int, dim: int, device, seed: int = 0, stats: dict = DEFAULT_STATS):
+    """A synthetic index with the 2WikiMultiHopQA-calibrated statistics, and its device graph with the
+    PageRank operator built: (index, graph)."""
+    m = synthetic_mentions(passages, stats, seed)
+    index = index_from_mentions(m, *synthetic_embeddings(m, dim, seed))
+    graph = DeviceGraph(index, device)
+    graph.ppr_graph(False)
+    return index, graph
+
+
+# ----------------------------------------------------------------------------------------- PageRank steps
+def ppr_step_bytes(graph, B: int) -> int:
+    """Memory traffic of one kernels.ppr_step on B columns if nothing is reused from cache: each CSR
+    entry's index and value, each gathered row of x (B floats), and per output row the reset and old
+    iterate read and the new iterate written."""
+    total = 0
+    for mat in (graph.to_passages, graph.to_entities, graph.between_passages):
+        if mat is None:
+            continue
+        rows = mat.shape[0]
+        nnz = mat.values().numel()
+        ib = mat.col_indices().element_size()
+        total += nnz * (ib + 4) + (rows + 1) * ib + nnz * B * 4 + rows * B * 4 * 3
+    return total
+
+
+class StepMeter(StepObserver):
+    """Observes the PageRank steps (pagerank.observe_steps) inside ``with meter:`` blocks (several may
+    follow each other): counts them, sums their modeled bytes and their time (CUDA events on a GPU)."""
+
+    def __init__(self, device):
+        self.device, self.bytes, self.events, self.calls = device, 0, [], 0
+        self._start = None
+        self._ctx = None
+
+    def __enter__(self):
+        self._ctx = observe_steps(self)
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)
+        self._ctx = None
+
+    def before_step(self, graph, columns):
+        self.bytes += ppr_step_bytes(graph, columns.numel())
+        self.calls += 1
+        if self.device.type == "cuda":
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._start = time.perf_counter()
+
+    def after_step(self, graph, columns, change):
+        if self.device.type == "cuda":
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.events.append((self._start, end))
+        else:
+            self.events.append(time.perf_counter() - self._start)
+
+    def ms(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return sum(s.elapsed_time(e) for s, e in self.events)
+        return 1e3 * sum(self.events)
