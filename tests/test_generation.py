@@ -229,8 +229,10 @@ def test_rag_answer_uses_top_k_passages(chat, small_rag, small_questions):
     assert all(isinstance(a, Answer) for a in answers)
     assert [[p.id for p in a.passages] for a in answers] == [[h.id for h in hs] for hs in expected]
     assert all(a.answer == "somewhere" for a in answers)
-    for req, hs in zip(chat.chat_requests, expected):
-        assert all(f"[{i}] {h.title}" in req["body"]["messages"][1]["content"] for i, h in enumerate(hs, 1))
+    prompts = {r["body"]["messages"][1]["content"].rsplit("Question: ", 1)[1]: r["body"]["messages"][1]["content"]
+               for r in chat.chat_requests}  # requests run concurrently: match them by question
+    for q, hs in zip(qs, expected):
+        assert all(f"[{i}] {h.title}" in prompts[q] for i, h in enumerate(hs, 1))
     single = small_rag.answer(qs[0], llm=make_llm(chat), top_k=2, mode="paper")
     assert isinstance(single, Answer) and len(single.passages) == 2
     d = single.to_dict()
