@@ -157,11 +157,9 @@ def test_failures_are_not_cached(chat, tmp_path):
 def test_concurrency_is_bounded(chat):
     chat.responder = lambda body: ("sleep", 0.15, ("reply", "Answer: x"))
     llm = make_llm(chat, concurrency=3)
-    t0 = time.perf_counter()
     replies = llm.chat_many([[{"role": "user", "content": f"q{i}"}] for i in range(9)])
-    elapsed = time.perf_counter() - t0
-    assert len(replies) == 9 and chat.max_in_flight == 3
-    assert elapsed < 9 * 0.15  # they did overlap
+    assert len(replies) == 9 and [r.text for r in replies] == ["Answer: x"] * 9
+    assert 1 < chat.max_in_flight <= 3  # they overlapped, never more than 3 at once
 
 
 def test_first_failure_in_a_batch_raises(chat):
