@@ -148,7 +148,7 @@ def test_throughput_benchmark_end_to_end(small_index_dir, small_questions, tmp_p
     out = tmp_path / "throughput.json"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.throughput", "--index", str(small_index_dir),
                            "--questions", str(qfile), "--json", str(out), "--batch-sizes", "1", "4",
-                           "--min-questions", "4", "--int8", "--threads", "1"],
+                           "--min-questions", "4", "--int8", "--threads", "1", "--clock", "cpu"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads(out.read_text())
@@ -158,7 +158,7 @@ def test_throughput_benchmark_end_to_end(small_index_dir, small_questions, tmp_p
         assert set(ms) == set(STAGES) | {"end_to_end"}
         assert all(v >= 0 for v in ms.values()) and ms["encoder"] > 0 and ms["graph"] > 0
         assert ms["end_to_end"] >= sum(ms[s] for s in STAGES) * 0.99
-    assert res["torch_threads"] == 1
+    assert res["torch_threads"] == 1 and res["clock"] == "cpu"
     assert out.with_suffix(".png").stat().st_size > 0
 
 
