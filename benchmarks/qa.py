@@ -30,8 +30,9 @@ from linearrag_torch.corpus import InputError, read_questions  # noqa: E402
 from linearrag_torch.generation import LLMError, add_llm_flags, answer_batch, judge_batch, llm_from_args  # noqa: E402
 from linearrag_torch.metrics import answer_scores, recall_at_k  # noqa: E402
 
-METRICS = ("em", "f1", "contains", "judge", "recall")  # the order of the table and the plot
-LABELS = {"em": "EM", "f1": "F1", "contains": "contains", "judge": "judge", "recall": "R@k"}
+METRICS = ("em", "f1", "contains", "contains_words", "judge", "recall")  # the order of the table and the plot
+LABELS = {"em": "EM", "f1": "F1", "contains": "contains", "contains_words": "contains (words)", "judge": "judge",
+          "recall": "R@k"}
 
 
 def score_rows(questions, answers, verdicts, top_k: int) -> list[dict]:
@@ -56,7 +57,7 @@ def aggregate(rows: list[dict], judged: bool) -> dict:
     reply that is neither word counts as incorrect), recall@k over the questions with supporting_ids."""
     with_gold = [r for r in rows if r["answers"]]
     out = {"n": len(rows), "n_with_answers": len(with_gold)}
-    for m in ("em", "f1", "contains"):
+    for m in ("em", "f1", "contains", "contains_words"):
         out[m] = _pct([r[m] for r in with_gold])
     if judged:
         out["judge"] = _pct([1.0 if r.get("judge_verdict") else 0.0 for r in with_gold])

@@ -64,6 +64,18 @@ def token_f1(prediction: str, answers: Iterable[str]) -> float:
 
 
 def containment(prediction: str, answers: Iterable[str]) -> float:
+    """1.0 if some non-empty normalised alias is a substring of the normalised prediction, else 0.0: the
+    containment accuracy the LinearRAG paper reports ("york" is in "yorkshire"; "no" is in "north").
+    containment_words is the stricter whole-word variant."""
+    pred = normalize_answer(prediction)
+    for a in _aliases(answers):
+        gold = normalize_answer(a)
+        if gold and gold in pred:
+            return 1.0
+    return 0.0
+
+
+def containment_words(prediction: str, answers: Iterable[str]) -> float:
     """1.0 if some non-empty normalised alias occurs in the normalised prediction as a run of whole
     words ("paris" is in "paris france"; "no" is not in "north"), else 0.0."""
     pred = f" {normalize_answer(prediction)} "
@@ -83,6 +95,6 @@ def recall_at_k(ranked_ids, gold_ids, k: int) -> float | None:
 
 
 def answer_scores(prediction: str, answers) -> dict:
-    """{"em", "f1", "contains"} of one prediction against its aliases."""
+    """{"em", "f1", "contains", "contains_words"} of one prediction against its aliases."""
     return {"em": exact_match(prediction, answers), "f1": token_f1(prediction, answers),
-            "contains": containment(prediction, answers)}
+            "contains": containment(prediction, answers), "contains_words": containment_words(prediction, answers)}

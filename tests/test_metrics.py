@@ -1,8 +1,8 @@
 """Answer metrics against hand-computed cases (benchmarks/README.md, "Answer quality")."""
 import pytest
 
-from linearrag_torch.metrics import (answer_scores, containment, exact_match, normalize_answer, recall_at_k,
-                                     token_f1)
+from linearrag_torch.metrics import (answer_scores, containment, containment_words, exact_match, normalize_answer,
+                                     recall_at_k, token_f1)
 
 
 @pytest.mark.parametrize("text, norm", [
@@ -40,16 +40,22 @@ def test_token_f1_hand_computed():
 
 
 def test_containment_edge_cases():
+    # the paper's containment: a substring of the normalised prediction
     assert containment("He was born in Paris, France.", ["paris"]) == 1.0
     assert containment("New York City", ["York"]) == 1.0
-    assert containment("Yorkshire", ["York"]) == 0.0  # whole words only
-    assert containment("Northern Ireland", ["no"]) == 0.0  # "no" is not in "northern"
-    assert containment("No, he was not.", ["no"]) == 1.0
+    assert containment("Yorkshire", ["York"]) == 1.0  # a substring, not a word
+    assert containment("Northern Ireland", ["no"]) == 1.0
     assert containment("The Hague", ["the hague"]) == 1.0
     assert containment("anything", [""]) == 0.0 and containment("anything", ["The"]) == 0.0  # empty gold never
     assert containment("", ["x"]) == 0.0
     assert containment("Ernest, Duke of Bavaria", ["Duke of Bavaria", "Ernest"]) == 1.0
     assert containment("Duke of Bavaria", ["Ernest, Duke of Bavaria"]) == 0.0  # gold in prediction, not the reverse
+    # the whole-word variant
+    assert containment_words("New York City", ["York"]) == 1.0
+    assert containment_words("Yorkshire", ["York"]) == 0.0
+    assert containment_words("Northern Ireland", ["no"]) == 0.0
+    assert containment_words("No, he was not.", ["no"]) == 1.0
+    assert containment_words("anything", ["The"]) == 0.0 and containment_words("", ["x"]) == 0.0
 
 
 def test_recall_at_k():
@@ -60,4 +66,5 @@ def test_recall_at_k():
 
 
 def test_answer_scores():
-    assert answer_scores("Barack Obama", ["Obama"]) == {"em": 0.0, "f1": pytest.approx(2 / 3), "contains": 1.0}
+    assert answer_scores("Barack Obama", ["Obama"]) == {"em": 0.0, "f1": pytest.approx(2 / 3), "contains": 1.0,
+                                                     "contains_words": 1.0}
