@@ -91,12 +91,7 @@ def read(path: Path, verify: bool) -> Stored:
     meta_path = path / "index.json"
     if not meta_path.is_file():
         raise IndexFormatError(f"{path}: not an index folder (no index.json)")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise IndexFormatError(f"{meta_path}: unreadable ({exc})") from None
-    except OSError as exc:
-        raise IndexFormatError(f"{meta_path}: cannot read ({exc.strerror})") from None
+    meta = _read_json(meta_path)
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise IndexFormatError(f"{meta_path}: not a {FORMAT} file")
     version = meta.get("format_version")
@@ -137,12 +132,7 @@ def read(path: Path, verify: bool) -> Stored:
         t = load_file(str(tensors_path))
     except (SafetensorError, OSError, ValueError) as exc:
         raise IndexFormatError(f"{tensors_path}: unreadable safetensors ({exc})") from None
-    try:
-        s = json.loads(strings_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise IndexFormatError(f"{strings_path}: unreadable ({exc})") from None
-    except OSError as exc:
-        raise IndexFormatError(f"{strings_path}: cannot read ({exc.strerror})") from None
+    s = _read_json(strings_path)
     missing = [k for k in REQUIRED_TENSORS if k not in t]
     if missing:
         raise IndexFormatError(f"{tensors_path}: missing tensors {missing}")
@@ -197,6 +187,16 @@ def fsync_dir(path: Path) -> None:
         fsync(path)
     except OSError:  # some filesystems refuse fsync on a directory
         pass
+
+
+def _read_json(path: Path):
+    """The JSON value in file ``path`` (IndexFormatError naming the file if it cannot be read or parsed)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise IndexFormatError(f"{path}: unreadable ({exc})") from None
+    except OSError as exc:
+        raise IndexFormatError(f"{path}: cannot read ({exc.strerror})") from None
 
 
 def _read_or_none(path: Path):
