@@ -34,6 +34,7 @@ from linearrag_torch.queries import EncodedQueries, Retrieved  # noqa: E402
 
 TOP_K = 10
 RECALL_KS = (1, 2, 5, 10)
+HOP_KS = (2, 5, 10)  # per-hop recall: is the gold passage at position j of supporting_ids in the top k
 AIC_K = 5
 DEFAULT_CACHE = Path("~/.cache/linearrag_torch/bench").expanduser()
 
@@ -54,6 +55,10 @@ SYSTEMS = {
     "dense": ("dense", {}, {}),
     "bm25": ("bm25", {}, {}),
     "reference_scipy": ("scipy", {"mode": "reference"}, {}),
+    "no_chain": ("graph", {"mode": "reference", "chain_passages": 0}, {}),
+    "chain": ("graph", {"mode": "reference", "chain_passages": 2}, {}),
+    "chain_s2": ("graph", {"mode": "reference", "chain_passages": 2, "chain_sentences": 2}, {}),
+    "chain_scipy": ("scipy", {"mode": "reference", "chain_passages": 2}, {}),
 }
 
 SYSTEM_HELP = {
@@ -68,6 +73,11 @@ SYSTEM_HELP = {
     "dense": "cosine of question and passage embeddings",
     "bm25": "bm25s (lucene, k1=1.5, b=0.75), lower-cased, English stopwords",
     "reference_scipy": "reference mode on the numpy/scipy backend",
+    "no_chain": "reference, one round (chain_passages=0)",
+    "chain": "reference with a second round seeded by the entities of the best sentence of the first round's "
+             "top 2 passages (chain_passages=2)",
+    "chain_s2": "chain with the 2 best sentences of each of those passages (chain_sentences=2)",
+    "chain_scipy": "chain on the numpy/scipy backend",
 }
 
 
@@ -105,6 +115,10 @@ def per_question_metrics(ranked_ids: list, gold: list, answers: list, passage_no
     if gold_set:
         for k in range(1, TOP_K + 1):
             out[f"recall@{k}"] = len(gold_set.intersection(ranked_ids[:k])) / len(gold_set)
+        # per hop: the gold passage at position j of supporting_ids (hop order where the data keeps it)
+        for j, g in enumerate(gold or []):
+            for k in HOP_KS:
+                out[f"hop{j + 1}@{k}"] = float(str(g) in ranked_ids[:k])
     ctx = " ".join(passage_norm(pid) for pid in ranked_ids[:AIC_K])
     out[f"aic@{AIC_K}"] = float(answer_in_context(answers, ctx))
     return out
@@ -123,7 +137,7 @@ def aggregate(rows: list[dict]) -> dict:
 
 def _metric_order(k: str):
     name, _, num = k.partition("@")
-    return (name != "recall", int(num) if num.isdigit() else 0)
+    return (name != "recall", name.startswith("hop"), int(num) if num.isdigit() else 0, name)
 
 
 # ---------------------------------------------------------------------------------------- index cache
@@ -342,7 +356,8 @@ def fmt(v, w=7):
     return f"{v:>{w}.1f}" if isinstance(v, (int, float)) and v is not None else f"{'-':>{w}}"
 
 
-def print_table(title: str, systems: dict, key="overall", file=sys.stdout):
+def print_table(title: str, systems: dict, key="overall", file=None):
+    file = file or sys.stdout  # resolved at call time (tests capture it)
     hdr = f"{'system':<18}" + "".join(f"{'R@' + str(k):>7}" for k in RECALL_KS) + f"{'AiC@5':>7}{'ms/q':>9}{'n':>6}"
     print(f"\n{title}", file=file)
     print(hdr, file=file)
@@ -352,6 +367,25 @@ def print_table(title: str, systems: dict, key="overall", file=sys.stdout):
         ms = s.get("retrieve_ms_per_question")
         print(f"{name:<18}" + "".join(fmt(m.get(f"recall@{k}")) for k in RECALL_KS) + fmt(m.get("aic@5"))
               + (f"{ms:>9.2f}" if ms is not None else f"{'-':>9}") + f"{m['n']:>6}", file=file)
+
+
+def print_hop_table(systems: dict, file=None) -> None:
+    """Recall@5 and @10 of the gold passage at each position of supporting_ids (hop 1, 2, ...)."""
+    file = file or sys.stdout  # resolved at call time (tests capture it)
+    hops = sorted({int(k[3:].partition("@")[0]) for s in systems.values() for k in s["overall"] if k.startswith("hop")})
+    if not hops:
+        return
+    print("\nper hop (recall of the gold passage at position j of supporting_ids, @5 / @10; n = questions with hop j)",
+          file=file)
+    hdr = f"{'system':<18}" + "".join(f"{'hop' + str(j):>14}" for j in hops)
+    print(hdr, file=file)
+    print("-" * len(hdr), file=file)
+    for name, s in systems.items():
+        m = s["overall"]
+        print(f"{name:<18}" + "".join(f"{fmt(m.get(f'hop{j}@5'), 6)} /{fmt(m.get(f'hop{j}@10'), 5)}" for j in hops),
+              file=file)
+    n = {j: next((s["hop_counts"].get(str(j)) for s in systems.values() if "hop_counts" in s), None) for j in hops}
+    print(f"{'n':<18}" + "".join(f"{n[j] if n[j] is not None else '-':>14}" for j in hops), file=file)
 
 
 def plot(path: Path, systems: dict, dataset: str):
@@ -382,7 +416,9 @@ def plot(path: Path, systems: dict, dataset: str):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", required=True, type=Path, help="folder with corpus.jsonl and questions.jsonl")
+    ap.add_argument("--data", required=True, type=Path, nargs="+",
+                    help="folder(s) with corpus.jsonl and questions.jsonl; several run one after the other, "
+                         "with results per set and a summary table")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--png", type=Path, help="write the recall@k plot here")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"index cache folder (default {DEFAULT_CACHE})")
@@ -396,18 +432,86 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS), metavar="SYSTEM",
                     help=f"systems to run (default all): {', '.join(SYSTEMS)}")
     args = ap.parse_args(argv)
+    for data in args.data:
+        for p in (data / "corpus.jsonl", data / "questions.jsonl"):
+            if not p.is_file():
+                ap.error(f"{p} does not exist")
+    if len({d.name for d in args.data}) < len(args.data):
+        ap.error("two --data folders have the same name")
+    results = {}
+    for data in args.data:
+        try:
+            results[data.name] = run_dataset(args, data, write=len(args.data) == 1)
+        except NoQuestions:
+            ap.error(f"{data}: no questions")
+    if len(args.data) > 1:
+        print_summary(results)
+        if args.json:
+            combined = {"datasets": results, "summary": summary(results), "date": _dt.datetime.now().isoformat(timespec="seconds")}
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(combined, indent=2, default=str))
+            print(f"\nwrote {args.json}")
+        if args.png:
+            for name, result in results.items():
+                if result["has_passage_gold"]:
+                    path = args.png.with_name(f"{args.png.stem}_{name}{args.png.suffix}")
+                    plot(path, result["systems"], name)
+                    print(f"wrote {path}")
+    return 0
 
-    corpus_path, questions_path = args.data / "corpus.jsonl", args.data / "questions.jsonl"
-    for p in (corpus_path, questions_path):
-        if not p.is_file():
-            ap.error(f"{p} does not exist")
+
+class NoQuestions(Exception):
+    pass
+
+
+SUMMARY_KS = (2, 5, 10)
+
+
+def summary(results: dict) -> dict:
+    """system -> dataset -> {recall@2/5/10, hop recall@5, ms/question} for a multi-set run."""
+    out = defaultdict(dict)
+    for name, result in results.items():
+        for sname, s in result["systems"].items():
+            m = s["overall"]
+            row = {f"recall@{k}": m.get(f"recall@{k}") for k in SUMMARY_KS}
+            row.update({k: v for k, v in m.items() if k.startswith("hop") and k.endswith("@5")})
+            row["ms_per_question"] = s.get("retrieve_ms_per_question")
+            out[sname][name] = row
+    return dict(out)
+
+
+def print_summary(results: dict, file=None) -> None:
+    file = file or sys.stdout  # resolved at call time (tests capture it)
+    table = summary(results)
+    names = list(results)
+    print(f"\nsummary: recall@2 / @5 / @10 (%) and ms per question, per set", file=file)
+    hdr = f"{'system':<20}" + "".join(f"{n[:26]:>28}" for n in names)
+    print(hdr, file=file)
+    print("-" * len(hdr), file=file)
+    for sname, per in table.items():
+        cells = []
+        for n in names:
+            r = per.get(n)
+            cells.append(f"{'-':>28}" if r is None else
+                         f"{fmt(r['recall@2'], 6)}{fmt(r['recall@5'], 6)}{fmt(r['recall@10'], 6)}"
+                         f"{r['ms_per_question'] or 0:>9.2f}ms")
+        print(f"{sname:<20}" + "".join(cells), file=file)
+
+
+def run_dataset(args, data: Path, write: bool = True) -> dict:
+    """One dataset: every system of args.modes; prints its tables, and writes --json/--png if ``write``."""
+    corpus_path, questions_path = data / "corpus.jsonl", data / "questions.jsonl"
     questions = read_questions(questions_path)
     if args.limit is not None:
         questions = questions[: args.limit]
     if not questions:
-        ap.error("no questions")
+        raise NoQuestions(str(data))
     texts = [q["question"] for q in questions]
     has_gold = any(q.get("supporting_ids") for q in questions)
+    hop_counts = {}
+    for q in questions:
+        for j in range(len(q.get("supporting_ids") or [])):
+            hop_counts[str(j + 1)] = hop_counts.get(str(j + 1), 0) + 1
 
     rag, build_info = load_or_build(corpus_path, args.cache.expanduser(), args.rebuild)
     index = rag.index
@@ -558,6 +662,7 @@ def main(argv=None) -> int:
             "config": cfg.to_dict() if cfg is not None else cfg_d,
             "overall": overall,
             "per_type": per_type,
+            "hop_counts": hop_counts,
             **({"per_gold_quality": per_quality} if per_quality else {}),
             "retrieve_s": round(elapsed, 4),
             "retrieve_s_all": [round(t, 4) for t in times],
@@ -578,9 +683,18 @@ def main(argv=None) -> int:
             d["question"] = texts[d["question_row"]]
             d["question_id"] = questions[d["question_row"]].get("id")
 
+    chain_agreement = None
+    if "chain_scipy" in outputs:
+        scipy_cfg = outputs["chain_scipy"][1]
+        torch_out = outputs["chain"][0] if "chain" in outputs and outputs["chain"][1] == scipy_cfg \
+            else rag.retrieve(enc, scipy_cfg)
+        chain_agreement = compare_backends(rag, enc, scipy_cfg, torch_out, outputs["chain_scipy"][0], max_details=0)
+        print(f"\ntorch vs scipy (chain): identical top-5 for {100 * chain_agreement['top5_identical_fraction']:.1f}% "
+              f"of questions (same set: {100 * chain_agreement['top5_same_set_fraction']:.1f}%)")
+
     result = {
-        "dataset": str(args.data),
-        "dataset_name": args.data.name,
+        "dataset": str(data),
+        "dataset_name": data.name,
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
         "machine": machine_info(rag),
         "index": {"summary": index.summary(), "build_s": build_info.get("build_s"),
@@ -604,13 +718,14 @@ def main(argv=None) -> int:
         "repeat": args.repeat,
         "systems": systems,
         "torch_scipy_top5_agreement": agreement,
+        "chain_torch_scipy_top5_agreement": chain_agreement,
     }
     if bm25_index_s is not None:
         result["bm25_index_s"] = round(bm25_index_s, 3)
 
     # ------------------------------------------------------------------ report
     ix = index.summary()
-    print(f"\n{args.data.name}: {B} questions, {ix['passages']} passages, {ix['sentences']} sentences, "
+    print(f"\n{data.name}: {B} questions, {ix['passages']} passages, {ix['sentences']} sentences, "
           f"{ix['entities']} entities; device {rag.device}, {os.cpu_count()} CPUs, torch {torch.__version__}")
     print(f"index build {build_info.get('build_s')} s{' (cached)' if build_info.get('cached') else ''}; "
           f"encode {1000 * encode_s / B:.2f} ms/question; graph prepare {graph_prepare_s or 0:.2f} s")
@@ -626,6 +741,7 @@ def main(argv=None) -> int:
     for t in types:
         sub = {n: {**s, "overall": s["per_type"][t]} for n, s in systems.items() if t in s["per_type"]}
         print_table(f"type = {t}", sub)
+    print_hop_table(systems)
     qualities = sorted({t for s in systems.values() for t in s.get("per_gold_quality", {})})
     for t in qualities:
         sub = {n: {**s, "overall": s["per_gold_quality"][t]} for n, s in systems.items()
@@ -642,17 +758,17 @@ def main(argv=None) -> int:
             if d["same_seeds"] is False:
                 print(f"      seeds torch {d['seeds_torch']} vs scipy {d['seeds_scipy']}")
 
-    if args.json:
+    if write and args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2, default=str))
         print(f"\nwrote {args.json}")
-    if args.png:
+    if write and args.png:
         if has_gold:
-            plot(args.png, systems, args.data.name)
+            plot(args.png, systems, data.name)
             print(f"wrote {args.png}")
         else:
             print("no passage gold: no recall plot", file=sys.stderr)
-    return 0
+    return result
 
 
 if __name__ == "__main__":

@@ -36,6 +36,14 @@ class RetrievalConfig:
     lexicon_seeds: bool = True  # also take question entities by matching the index's entity strings
     use_activation: bool = True  # ablation switch: False keeps the seeds only (no propagation)
     use_ppr: bool = True  # ablation switch: False ranks passages by their eq. 7 reset weight
+    # second round following the chain one more hop (chain.py; docs/QUALITY.md): 0 = off, else the first
+    # round's top passages whose most question-like sentences' entities seed a second round
+    chain_passages: int = 0
+    chain_sentences: int = 1  # sentences per such passage (by eq. 4's sigma) whose entities become seeds
+    chain_weight: float = 2.0  # scale of those seeds' scores (share of the top score x sigma x this)
+    chain_keep: int = 1  # passages of each round kept ahead of the next round's ranking
+    chain_rounds: int = 1  # rounds after the first, each seeded from the one before
+    chain_passage_weight: float = 1.0  # W_p of eq. 7 in the later rounds
 
     @classmethod
     def reference_code(cls, **changes) -> "RetrievalConfig":
@@ -58,6 +66,10 @@ class RetrievalConfig:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
         if self.ppr_tol <= 0 or self.ppr_max_iter < 1:
             raise ValueError("ppr_tol must be > 0 and ppr_max_iter >= 1")
+        if self.chain_passages < 0 or self.chain_sentences < 1 or self.chain_keep < 0 or self.chain_weight < 0 \
+                or self.chain_rounds < 1 or self.chain_passage_weight < 0:
+            raise ValueError("chain_passages, chain_keep, chain_weight and chain_passage_weight must be >= 0, "
+                             "chain_sentences and chain_rounds >= 1")
 
     def replace(self, **changes) -> "RetrievalConfig":
         """A copy with some fields changed; None values are ignored (convenient for CLI flags)."""

@@ -181,7 +181,12 @@ def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, 
     """Rank passages for a batch of encoded questions. Returns Retrieved (and a Trace if asked).
 
     The batch runs in chunks of graph.questions_per_chunk(memory_budget, cfg) questions.
+    With cfg.chain_passages > 0, 1 + cfg.chain_rounds rounds (chain.py).
     """
+    if cfg.chain_passages > 0:
+        from .chain import chain_retrieve
+
+        return chain_retrieve(lambda q, c, t: retrieve(graph, q, c, t, memory_budget), graph.index, queries, cfg, trace)
     queries = queries.to(graph.device)
     B = queries.batch_size
     if cfg.use_ppr:

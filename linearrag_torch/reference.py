@@ -194,7 +194,14 @@ def prepare(index: TriGraphIndex, config: RetrievalConfig) -> dict:
 def retrieve(index: TriGraphIndex, queries: EncodedQueries, config: RetrievalConfig,
              prepared: dict | None = None) -> Retrieved:
     """Returns Retrieved(indices, scores) as torch tensors (int64 [B,k], float32 [B,k]) computed with
-    numpy/scipy, k = min(config.top_k, P). ``prepared``: prepare(index, config), if already made."""
+    numpy/scipy, k = min(config.top_k, P). ``prepared``: prepare(index, config), if already made.
+    With config.chain_passages > 0, 1 + config.chain_rounds rounds (chain.py)."""
+    if config.chain_passages > 0:
+        from .chain import chain_retrieve
+
+        if prepared is None or prepared["adjacent_passages"] != config.adjacent_passages:
+            prepared = prepare(index, config)
+        return chain_retrieve(lambda q, c, t: retrieve(index, q, c, prepared), index, queries, config)
     P = index.num_passages
     B = queries.batch_size
     k = min(config.top_k, P)

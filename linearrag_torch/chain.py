@@ -1,0 +1,138 @@
+"""A second retrieval round that follows the chain one more hop, without an LLM (``RetrievalConfig.chain_passages``).
+
+Compositional questions ("the seat of the county where X is located") name only the first hop's
+entity; the bridge entity ("Mountrail County") is written in the first hop's passage, not in the
+question. After a first round (the usual eqs. 3-7), each of its top ``chain_passages`` passages p
+contributes the entities of its ``chain_sentences`` sentences most similar to the question (eq. 4's
+sigma), as extra seeds of a second round with seed score
+
+    w(e) = chain_weight * score1(p) / score1(top passage) * sigma(s)        (the best such p and s for e)
+
+next to the question's own entities (a passage's title line is not taken: it names the passage itself).
+The second round is an ordinary retrieval (eqs. 3-7, with W_p = ``chain_passage_weight``) with those
+seeds: an extra seed is given to eq. 3 as the graph entity's own embedding scaled by w(e), so that its
+nearest graph entity is itself (cosine 1) and its seed score is w(e). Both backends therefore run it
+unchanged, and agree as they do on one round.
+
+The final list keeps the first round's top ``chain_keep`` passages in their order, then the second
+round's ranking without them (the scores are each round's own PageRank values). ``chain_rounds`` > 1
+repeats the step: each further round adds the chain seeds of the previous round's top passages not yet
+used as sources (see chain_retrieve).
+"""
+from __future__ import annotations
+
+import torch
+
+from .config import RetrievalConfig
+from .queries import EncodedQueries, Retrieved
+
+
+def chain_seeds(index, queries: EncodedQueries, first: Retrieved, cfg: RetrievalConfig, skip=None) -> list[dict]:
+    """Per question {entity: w(e)} from the round's top chain_passages passages (module docstring), passing
+    over the passages in skip[b] (the sources of earlier rounds); the sources taken are added to skip[b]."""
+    q = queries.query_emb.detach().to("cpu", torch.float32)
+    PS, M = index.PS, index.M
+    sent_emb = index.sentence_emb
+    out = []
+    idx, scores = first.indices.cpu(), first.scores.cpu().double()
+    for b in range(q.shape[0]):
+        seeds: dict = {}
+        top = float(scores[b, 0]) if idx.shape[1] else 0.0
+        used = skip[b] if skip is not None else set()
+        sources = [int(p) for p in idx[b].tolist() if p >= 0 and int(p) not in used][: cfg.chain_passages]
+        for p in sources:
+            j = idx[b].tolist().index(p)
+            used.add(p)
+            if not top > 0:
+                continue
+            share = max(float(scores[b, j]) / top, 0.0)
+            sents = PS.col[PS.crow[p]:PS.crow[p + 1]]
+            if sents.numel() == 0:
+                continue
+            sigma = (sent_emb.index_select(0, sents).float() @ q[b]).double()
+            # best first, ties to the lowest sentence index (sents is sorted); the title line names the
+            # passage itself and links nowhere new: skipped
+            title = index.titles[p].strip()
+            order = sorted((i for i in range(sents.numel()) if index.sentences[int(sents[i])].strip() != title or not title),
+                           key=lambda i: (-float(sigma[i]), int(sents[i])))
+            for i in order[: cfg.chain_sentences]:
+                s = int(sents[i])
+                w = cfg.chain_weight * share * float(sigma[i])
+                if not w > 0:
+                    continue
+                for e in M.col[M.crow[s]:M.crow[s + 1]].tolist():
+                    if w > seeds.get(e, 0.0):
+                        seeds[e] = w
+        out.append(seeds)
+    return out
+
+
+def second_round_queries(index, queries: EncodedQueries, seeds: list[dict]) -> EncodedQueries:
+    """The questions with their own entities plus the chain seeds (scaled own embeddings, see module doc)."""
+    dev = queries.entity_emb.device
+    emb = [queries.entity_emb]
+    owner = [queries.entity_owner]
+    text = list(queries.entity_text)
+    E = index.entity_emb
+    for b, sd in enumerate(seeds):
+        if not sd:
+            continue
+        ents = sorted(sd)
+        w = torch.tensor([sd[e] for e in ents], dtype=torch.float32)
+        emb.append((E.index_select(0, torch.tensor(ents, dtype=torch.int64)).float() * w[:, None]).to(dev))
+        owner.append(torch.full((len(ents),), b, dtype=torch.int64, device=queries.entity_owner.device))
+        text.extend(index.entities[e] for e in ents)
+    return EncodedQueries(queries.query_emb, torch.cat(emb), torch.cat(owner), text)
+
+
+def merge(first: Retrieved, second: Retrieved, keep: int, k: int) -> Retrieved:
+    """The first round's top ``keep`` passages, then the second round's ranking without them; k per question."""
+    B = first.indices.shape[0]
+    fi, fs = first.indices.cpu(), first.scores.cpu()
+    si, ss = second.indices.cpu(), second.scores.cpu()
+    k = min(k, max(fi.shape[1], si.shape[1]))
+    idx = torch.full((B, k), -1, dtype=torch.int64)
+    val = torch.zeros((B, k), dtype=torch.float32)
+    for b in range(B):
+        rows, vals = [], []
+        for i, s in zip(fi[b, :keep].tolist(), fs[b, :keep].tolist()):
+            if i >= 0 and i not in rows:
+                rows.append(i)
+                vals.append(s)
+        for i, s in zip(si[b].tolist(), ss[b].tolist()):
+            if len(rows) >= k:
+                break
+            if i >= 0 and i not in rows:
+                rows.append(i)
+                vals.append(s)
+        idx[b, :len(rows)] = torch.tensor(rows, dtype=torch.int64)
+        val[b, :len(vals)] = torch.tensor(vals, dtype=torch.float32)
+    dev = first.indices.device
+    return Retrieved(idx.to(dev), val.to(first.scores.device))
+
+
+def chain_retrieve(run, index, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool = False):
+    """``1 + chain_rounds`` rounds with ``run(queries, cfg, trace) -> Retrieved`` (either backend's one-round
+    retrieve, called with chain_passages = 0). Round r + 1 is seeded by the question's entities and the
+    chain seeds of rounds 2 .. r + 1 (each from the top passages of the round before, not yet used as
+    sources); it runs with W_p = chain_passage_weight. The final list after round r + 1 is the list
+    after round r cut to r * chain_keep passages, then round r + 1's ranking. With ``trace``, ``run``
+    returns (Retrieved, trace) and so does this: the last round's trace (its seeds include the chain seeds)."""
+    one = cfg.replace(chain_passages=0)
+    later = one.replace(passage_node_weight=cfg.chain_passage_weight)
+    depth = max(cfg.top_k, cfg.chain_passages * (cfg.chain_rounds + 1), cfg.chain_keep * (cfg.chain_rounds + 1))
+    cur = run(queries, one.replace(top_k=depth), False)
+    out = cur
+    skip = [set() for _ in range(queries.batch_size)]
+    seeds = [dict() for _ in range(queries.batch_size)]
+    tr = None
+    for r in range(1, cfg.chain_rounds + 1):
+        for acc, new in zip(seeds, chain_seeds(index, queries, cur, cfg, skip)):
+            for e, w in new.items():
+                acc[e] = max(acc.get(e, 0.0), w)
+        last = r == cfg.chain_rounds
+        res = run(second_round_queries(index, queries, seeds), later.replace(top_k=depth), trace and last)
+        cur, tr = res if (trace and last) else (res, None)
+        out = merge(out, cur, r * cfg.chain_keep, depth)
+    out = Retrieved(out.indices[:, :min(cfg.top_k, out.indices.shape[1])], out.scores[:, :min(cfg.top_k, out.scores.shape[1])])
+    return (out, tr) if trace else out

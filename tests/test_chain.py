@@ -1,0 +1,134 @@
+"""The second retrieval round (chain.py): seeds by hand, the merge by hand, both backends agree."""
+import pytest
+import torch
+
+from linearrag_torch import reference
+from linearrag_torch.activation import seed_pairs
+from linearrag_torch.chain import chain_seeds, merge, second_round_queries
+from linearrag_torch.config import RetrievalConfig
+from linearrag_torch.engine import DeviceGraph, retrieve
+from linearrag_torch.index import TriGraphIndex
+from linearrag_torch.queries import EncodedQueries, Retrieved
+from linearrag_torch.sparse import Csr
+from linearrag_torch.synthetic import random_index, random_queries
+
+from test_backends_agree import assert_same
+
+
+def _unit(rows):
+    t = torch.tensor(rows, dtype=torch.float32)
+    return t / t.norm(dim=1, keepdim=True)
+
+
+def tiny_index():
+    """p0: s0 {e0, e1}, s1 {e2};  p1: s2 {e1, e3};  p2: s3 {e3}. With q = x: sigma = .8, .6, .6, 0."""
+    M = Csr.from_rows([[0, 1], [2], [1, 3], [3]], 4)
+    PS = Csr.from_rows([[0, 1], [2], [3]], 4)
+    C = Csr.from_rows([[0, 1, 2], [1, 3], [3]], 4, [[1 / 3] * 3, [0.5, 0.5], [1.0]])
+    return TriGraphIndex(
+        passage_ids=[0, 1, 2], titles=["a", "b", "c"], texts=["", "", ""], sentences=["", "", "", ""],
+        entities=["e0", "e1", "e2", "e3"],
+        passage_emb=_unit([[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]]),
+        sentence_emb=_unit([[0.8, 0.6, 0, 0], [0.6, 0.8, 0, 0], [0.6, 0, 0.8, 0], [0, 0, 0, 1]]),
+        entity_emb=torch.eye(4), M=M, C=C, N=C.with_values(torch.ones(C.nnz)), PS=PS,
+    )
+
+
+def one_question():
+    return EncodedQueries(torch.tensor([[1.0, 0, 0, 0]]), torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64), [])
+
+
+def test_chain_seeds_by_hand():
+    first = Retrieved(torch.tensor([[0, 1, 2]]), torch.tensor([[0.5, 0.25, 0.1]]))
+    cfg = RetrievalConfig(chain_passages=2, chain_sentences=1, chain_weight=1.0)
+    # p0 (share 1): best sentence s0 (sigma .8) -> e0, e1 at .8;  p1 (share .5): s2 (sigma .6) -> e1 at .3
+    # (e1 keeps .8), e3 at .3;  p2 is not among the top 2
+    seeds = chain_seeds(tiny_index(), one_question(), first, cfg)
+    assert seeds[0].keys() == {0, 1, 3}
+    assert [seeds[0][e] for e in (0, 1, 3)] == pytest.approx([0.8, 0.8, 0.3])
+    # two sentences per passage: p0's s1 (sigma .6) adds e2 at .6; the weight scales every seed
+    seeds = chain_seeds(tiny_index(), one_question(), first, cfg.replace(chain_sentences=2, chain_weight=0.5))
+    assert {e: round(w, 6) for e, w in seeds[0].items()} == {0: 0.4, 1: 0.4, 2: 0.3, 3: 0.15}
+
+
+def test_second_round_seeds_are_the_chain_entities_with_their_weights():
+    ix = tiny_index()
+    q = one_question()
+    enc = second_round_queries(ix, q, [{0: 0.8, 3: 0.3}])
+    keys, vals = seed_pairs(ix.entity_emb, enc.entity_emb, enc.entity_owner, 1)
+    assert keys.tolist() == [0, 3] and vals.tolist() == pytest.approx([0.8, 0.3])
+    assert enc.entity_text == ["e0", "e3"]
+
+
+def test_merge_keeps_the_first_rounds_top_then_the_second_round():
+    first = Retrieved(torch.tensor([[4, 2, 7]]), torch.tensor([[0.5, 0.3, 0.1]]))
+    second = Retrieved(torch.tensor([[2, 9, 4, 1]]), torch.tensor([[0.6, 0.2, 0.1, 0.05]]))
+    out = merge(first, second, keep=1, k=3)
+    assert out.indices.tolist() == [[4, 2, 9]] and out.scores[0].tolist() == pytest.approx([0.5, 0.6, 0.2])
+    out = merge(first, second, keep=0, k=3)
+    assert out.indices.tolist() == [[2, 9, 4]]
+
+
+def test_chain_off_is_one_round():
+    index = random_index(60, 80, dim=8, seed=1)
+    queries = random_queries(index, 5, seed=2)
+    g = DeviceGraph(index)
+    a = retrieve(g, queries, RetrievalConfig(delta=0.2))
+    b = retrieve(g, queries, RetrievalConfig(delta=0.2, chain_passages=0, chain_keep=3))
+    assert torch.equal(a.indices, b.indices)
+
+
+@pytest.mark.parametrize("mode", ["paper", "reference"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_torch_and_scipy_agree_with_a_second_round(mode, seed):
+    index = random_index(120, 150, dim=12, seed=seed)
+    queries = random_queries(index, 6, seed=seed + 10)
+    cfg = RetrievalConfig(mode=mode, delta=0.2, top_k=6, chain_passages=2, chain_sentences=2, chain_keep=1)
+    got = retrieve(DeviceGraph(index), queries, cfg)
+    want = reference.retrieve(index, queries, cfg)
+    assert_same(got, want)
+    # the second round changes the answer somewhere (else this test would test nothing)
+    one = retrieve(DeviceGraph(index), queries, cfg.replace(chain_passages=0))
+    assert not torch.equal(one.indices, got.indices)
+
+
+def test_later_rounds_take_new_source_passages():
+    ix = tiny_index()
+    first = Retrieved(torch.tensor([[0, 1, 2]]), torch.tensor([[0.5, 0.25, 0.1]]))
+    cfg = RetrievalConfig(chain_passages=1, chain_weight=1.0)
+    skip = [set()]
+    assert chain_seeds(ix, one_question(), first, cfg, skip)[0].keys() == {0, 1}  # p0's s0
+    assert skip == [{0}]
+    # the next round passes over p0: p1 (share .5, s2 sigma .6) gives e1, e3 at .3
+    seeds = chain_seeds(ix, one_question(), first, cfg, skip)[0]
+    assert seeds.keys() == {1, 3} and seeds[3] == pytest.approx(0.3) and skip == [{0, 1}]
+
+
+def test_title_line_is_not_a_chain_sentence():
+    ix = tiny_index()
+    ix.sentences[0] = "a"  # s0 is now p0's title line: p0's best other sentence is s1 (sigma .6, e2)
+    first = Retrieved(torch.tensor([[0, 1, 2]]), torch.tensor([[0.5, 0.25, 0.1]]))
+    seeds = chain_seeds(ix, one_question(), first, RetrievalConfig(chain_passages=1, chain_weight=1.0))
+    assert seeds[0].keys() == {2} and seeds[0][2] == pytest.approx(0.6)
+
+
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_rounds_agree_across_backends_and_keep_each_rounds_top(rounds):
+    index = random_index(150, 160, dim=12, seed=7)
+    queries = random_queries(index, 5, seed=8)
+    cfg = RetrievalConfig(delta=0.2, top_k=6, chain_passages=1, chain_rounds=rounds)
+    got = retrieve(DeviceGraph(index), queries, cfg)
+    assert_same(got, reference.retrieve(index, queries, cfg))
+    first = retrieve(DeviceGraph(index), queries, cfg.replace(chain_passages=0))
+    assert torch.equal(got.indices[:, 0], first.indices[:, 0])  # chain_keep = 1: round 1's best stays first
+    assert got.indices.shape == (5, 6)
+
+
+def test_explain_style_trace_comes_from_the_last_round():
+    index = random_index(80, 90, dim=8, seed=3)
+    queries = random_queries(index, 3, seed=4)
+    cfg = RetrievalConfig(delta=0.2, top_k=4, chain_passages=1)
+    out, tr = retrieve(DeviceGraph(index), queries, cfg, trace=True)
+    plain, tr1 = retrieve(DeviceGraph(index), queries, cfg.replace(chain_passages=0), trace=True)
+    assert torch.equal(out.indices, retrieve(DeviceGraph(index), queries, cfg).indices)
+    assert int(tr.is_seed.sum()) >= int(tr1.is_seed.sum())  # the chain seeds join the question's

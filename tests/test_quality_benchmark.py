@@ -1,0 +1,47 @@
+"""benchmarks.quality: per-hop recall by hand, and one run over several --data folders."""
+import json
+
+import pytest
+
+from benchmarks import quality
+from conftest import write_jsonl
+
+
+def test_per_hop_recall_by_position_in_supporting_ids():
+    ranked = ["7", "3", "9", "1", "4", "8"]
+    m = quality.per_question_metrics(ranked, [3, 8, 5], ["x"], lambda pid: "")
+    # hop 1 (id 3) is 2nd, hop 2 (id 8) 6th, hop 3 (id 5) missing
+    assert (m["hop1@2"], m["hop1@5"], m["hop1@10"]) == (1.0, 1.0, 1.0)
+    assert (m["hop2@2"], m["hop2@5"], m["hop2@10"]) == (0.0, 0.0, 1.0)
+    assert (m["hop3@2"], m["hop3@5"], m["hop3@10"]) == (0.0, 0.0, 0.0)
+    assert "hop4@5" not in m
+    assert m["recall@5"] == pytest.approx(1 / 3) and m["recall@10"] == pytest.approx(2 / 3)
+    agg = quality.aggregate([m, quality.per_question_metrics(ranked, [8], [], lambda pid: "")])
+    assert agg["hop1@10"] == 100.0 and agg["hop2@10"] == 100.0  # hop 2 only in the first question
+
+
+def test_one_run_over_two_data_folders(tmp_path, small_corpus, small_questions, small_rag, capsys):
+    cache = tmp_path / "cache"
+    # a cached index for the small corpus, so that the run builds nothing
+    key = quality.cache_key(small_corpus, quality.IndexConfig())
+    folder = cache / key[:24]
+    small_rag.save(folder / "index")
+    (folder / "build.json").write_text(json.dumps({"build_s": 1.0}))
+    for name, qs in (("setA", small_questions[:3]), ("setB", small_questions[3:])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "corpus.jsonl").write_bytes(small_corpus.read_bytes())
+        write_jsonl(tmp_path / name / "questions.jsonl", qs)
+    out = tmp_path / "multi.json"
+    rc = quality.main(["--data", str(tmp_path / "setA"), str(tmp_path / "setB"), "--cache", str(cache),
+                       "--modes", "no_chain", "chain", "dense", "--json", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert set(res["datasets"]) == {"setA", "setB"}
+    assert res["datasets"]["setA"]["n_questions"] == 3 and res["datasets"]["setB"]["n_questions"] == 3
+    for name in ("setA", "setB"):
+        overall = res["datasets"][name]["systems"]["chain"]["overall"]
+        assert "hop1@5" in overall and "hop2@5" in overall
+        assert res["summary"]["chain"][name]["recall@5"] == overall["recall@5"]
+    printed = capsys.readouterr().out
+    assert "summary: recall@2 / @5 / @10" in printed, printed[-3000:]
+    assert "per hop" in printed
