@@ -1,13 +1,14 @@
 """Milliseconds per question of the whole question path, stage by stage, at several batch sizes.
 
-    python -m benchmarks.throughput --index DIR --questions FILE.jsonl --json OUT [--png OUT]
+    python -m benchmarks.throughput --index DIR --questions FILE.jsonl [FILE ...] --json OUT [--png OUT]
                                     [--batch-sizes 1 8 64 256] [--int8] [--threads N] ...
 
 Each batch goes through ``rag.search(batch, timings=t)``: the stages are the library's own
 (linearrag_torch.pipeline.STAGES: ner, lexicon, encoder, graph), "end_to_end" is the wall time of the
-search calls (stages plus input checks and hit lists). Questions are recycled to fill
-``max(batch, --min-questions)`` questions per batch size; one batch is run first as a warm-up (models
-loaded, index prepared). The exact float32 encoder always runs; ``--int8`` adds the int8 encoder
+search calls (stages plus input checks and hit lists). Each batch size times the first
+``max(batch, --min-questions)`` distinct questions of the files (recycled, and reported as fewer
+``unique_questions``, when there are not enough: the encoder encodes a repeated question once, so
+repeats flatter it); one batch is run first as a warm-up (models loaded, index prepared). The exact float32 encoder always runs; ``--int8`` adds the int8 encoder
 (``LinearRAG.load(..., quantize="int8")``) and ``--no-reuse`` the path that encodes every entity string
 again instead of taking the index's stored vectors.
 """
@@ -65,7 +66,7 @@ def measure(rag: LinearRAG, questions: list, batch: int, n: int, repeat: int, cl
 def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
-    questions = [q["question"] for q in read_questions(args.questions)]
+    questions = list(dict.fromkeys(q["question"] for f in args.questions for q in read_questions(f)))
     if args.limit:
         questions = questions[:args.limit]
     variants = [("exact", {}, {})]
@@ -74,7 +75,7 @@ def run(args) -> dict:
     if args.int8:
         variants.append(("int8", {"quantize": "int8"}, {}))
     result = {
-        "index": str(args.index), "questions_file": str(args.questions), "questions": len(questions),
+        "index": str(args.index), "questions_files": [str(f) for f in args.questions], "questions": len(questions),
         "batch_sizes": args.batch_sizes, "device": args.device, "torch_threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "cpu_count": os.cpu_count(),
         "torch": torch.__version__, "platform": platform.platform(),
@@ -89,7 +90,10 @@ def run(args) -> dict:
         for b in args.batch_sizes:
             n = max(b, args.min_questions)
             ms = measure(rag, questions, b, n, args.repeat, args.clock)
-            row = {"encoder": name, "batch": b, "questions": n, "ms_per_question": ms,
+            if n > len(questions):
+                print(f"warning: batch {b} times {n} questions, {len(questions)} distinct", file=sys.stderr)
+            row = {"encoder": name, "batch": b, "questions": n, "unique_questions": min(n, len(questions)),
+                   "ms_per_question": ms,
                    "questions_per_s": 1000.0 / ms["end_to_end"] if ms["end_to_end"] else None}
             result["rows"].append(row)
             print(f"{name:<15} batch {b:>4}: " + "  ".join(f"{c} {ms[c]:7.2f}" for c in COLUMNS) + "  ms/question",
@@ -124,7 +128,7 @@ def plot(result: dict, png: Path) -> None:
             ax.text(x, e2e, f"{e2e:.1f}\n{name}", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(sizes)), [f"batch {b}" for b in sizes])
     ax.set_ylabel("ms per question" + (" (CPU time)" if result.get("clock") == "cpu" else ""))
-    ax.set_title(f"Question path by stage ({Path(result['index']).name}, {result['torch_threads']} torch threads)")
+    ax.set_title(f"Question path by stage ({Path(result['index']).name}, torch threads: {result['torch_threads']})")
     ax.legend(title="stage")
     ax.margins(y=0.15)
     fig.tight_layout()
@@ -135,7 +139,8 @@ def plot(result: dict, png: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--index", type=Path, required=True, help="index folder (LinearRAG.save)")
-    ap.add_argument("--questions", type=Path, required=True, help='JSON lines with "question"')
+    ap.add_argument("--questions", type=Path, nargs="+", required=True,
+                    help='JSON lines with "question" (several files: their distinct questions in order)')
     ap.add_argument("--json", type=Path, required=True, help="write the numbers here")
     ap.add_argument("--png", type=Path, help="write the stage plot here (default: next to --json)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64, 256])
