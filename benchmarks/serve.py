@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import signal
 import socket
 import subprocess
@@ -51,12 +52,13 @@ class Server:
     """`linearrag serve` as a child process on 127.0.0.1."""
 
     def __init__(self, index: Path, device: str, max_batch_size: int, max_wait_ms: float, max_concurrent: int,
-                 timeout: float, log: Path | None = None):
+                 timeout: float, log: Path | None = None, extra_args: tuple = ()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "linearrag_torch.cli", "serve", str(index), "--port", str(self.port),
                "--device", device, "--max-batch-size", str(max_batch_size), "--max-wait-ms", str(max_wait_ms),
-               "--max-concurrent", str(max_concurrent), "--timeout", str(timeout), "--log-level", "warning"]
+               "--max-concurrent", str(max_concurrent), "--timeout", str(timeout), "--log-level", "warning",
+               *extra_args]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         self.log = open(log, "wb") if log else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=self.log)
@@ -180,12 +182,13 @@ def run(args) -> dict:
     max_concurrent = max(args.concurrency)
     result = {"date": _dt.date.today().isoformat(), "index": str(args.index), "questions": str(args.questions),
               "n_questions": len(questions), "device": args.device, "duration_s": args.duration,
+              "server_args": args.server_args,
               "max_concurrent": max_concurrent, "overload_clients": args.overload_clients,
               "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
               "modes": {}, "overload": None}
     for mode, cfg in MODES.items():
         server = Server(args.index, args.device, cfg["max_batch_size"], cfg["max_wait_ms"], max_concurrent,
-                        args.timeout, args.server_log)
+                        args.timeout, args.server_log, tuple(shlex.split(args.server_args)))
         try:
             ready_s = server.wait_ready()
             asyncio.run(closed_loop(server.url, questions, 4, min(2.0, args.duration), 50, args.timeout))  # warm-up
@@ -257,6 +260,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", help="server device (default %(default)s)")
     ap.add_argument("--limit", type=int, help="use only the first N questions")
     ap.add_argument("--server-log", type=Path, help="append the servers' output to this file")
+    ap.add_argument("--server-args", default="", help='more `linearrag serve` flags for both servers, e.g. "--threads 1"')
     args = ap.parse_args(argv)
     if args.overload_clients <= max(args.concurrency):
         ap.error("--overload-clients must be larger than the largest --concurrency (the server's --max-concurrent)")

@@ -155,6 +155,10 @@ class LinearRAGService:
     async def start(self) -> None:
         """Start the batcher and load the index in the background (the routes answer 503 until ready)."""
         self._reload_lock = asyncio.Lock()
+        if self.settings.threads is not None:
+            from ..pipeline import set_threads
+
+            set_threads(self.settings.threads)  # process-wide: only when asked for
         self.batcher.start()
         self._tasks.append(asyncio.get_running_loop().create_task(self._first_load(), name="linearrag-load"))
         if self.settings.watch > 0 and self.index_dir is not None:
@@ -205,7 +209,7 @@ class LinearRAGService:
         from ..index import TriGraphIndex
 
         index = TriGraphIndex.load(self.index_dir, device="cpu", verify=True)
-        rag = LinearRAG(index, self.settings.device)
+        rag = LinearRAG(index, self.settings.device, quantize=self.settings.quantize)
         if like is not None:
             old, new = like.index.index_config, index.index_config
             if (old.encoder, old.max_length) == (new.encoder, new.max_length) and str(rag.device) == str(like.device):

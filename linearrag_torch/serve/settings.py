@@ -35,6 +35,11 @@ class ServeSettings:
     memory_budget: str | None = _f(None, "working memory of one engine call, e.g. 2G (default: "
                                          "$LINEARRAG_MEMORY_BUDGET, else half the free GPU memory / a quarter of RAM "
                                          "up to 4G); set it when another process shares the GPU", flag_type=str)
+    threads: int | None = _f(None, "torch threads of the process (default: $LINEARRAG_THREADS, else one per core); "
+                                   "1 holds up best when other busy processes share the cores", flag_type=int)
+    quantize: str | None = _f(None, "int8: the dynamically quantised question encoder (CPU only; faster, recall "
+                                    "measured in benchmarks/README.md); default the exact float32 encoder",
+                              flag_type=str, choices=("int8", "int8-all"))
     graceful_timeout: float = _f(30.0, "on SIGTERM, seconds to let requests in flight finish")
     log_level: str = _f("info", "uvicorn log level", choices=("critical", "error", "warning", "info", "debug"))
 
@@ -48,6 +53,8 @@ class ServeSettings:
         for name in ("max_wait_ms", "watch"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.timeout <= 0 or self.graceful_timeout < 0:
             raise ValueError("timeout must be > 0 and graceful_timeout >= 0")
 
