@@ -43,7 +43,7 @@ class LinearRAG:
 
     def __init__(self, index: TriGraphIndex, device="auto", nlp=None, encoder=None, quantize: str | None = None):
         """``quantize``: None (the exact float32 encoder), "int8" or "int8-all" (dynamically quantised
-        Linear layers, CPU only: faster question encoding, vectors within cosine ~0.99 / ~0.97 of the
+        Linear layers, CPU only: faster question encoding, vectors within cosine ~0.99 / ~0.98 of the
         exact ones; see encoding.quantize_int8)."""
         self.device = resolve_device(device)
         if quantize not in (None, "int8", "int8-all"):

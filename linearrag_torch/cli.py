@@ -20,6 +20,7 @@ SETTINGS = (  # flag, RetrievalConfig field, type, help
     ("--passage-node-weight", "passage_node_weight", float, "W_p of eq. 7"),
     ("--ppr-tol", "ppr_tol", float, "power-iteration tolerance (L1 change per question)"),
     ("--ppr-max-iter", "ppr_max_iter", int, "power-iteration cap"),
+    ("--chain-passages", "chain_passages", int, "first-round passages that seed a second round (0: one round)"),
 )
 
 
@@ -61,7 +62,7 @@ def _positive_int(text: str) -> int:
 def _query_speed_args(p):
     p.add_argument("--quantize", choices=("int8", "int8-all"), default=None,
                    help="question encoder with int8 Linear layers (CPU only; faster, vectors within cosine ~0.99 "
-                        "resp. ~0.97 of the exact ones; default: exact float32)")
+                        "resp. ~0.98 of the exact ones; default: exact float32)")
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="torch threads (default: $LINEARRAG_THREADS, else one per core; use 1 on cores shared "
                         "with other busy processes)")

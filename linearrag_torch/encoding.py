@@ -77,8 +77,8 @@ def quantize_int8(model: torch.nn.Module, all_layers: bool = False) -> torch.nn.
 
     By default the feed-forward output projections stay float32: their input (after GELU) has outliers
     that per-tensor activation quantisation loses; with them quantised too (``all_layers``, "int8-all")
-    MiniLM's vectors fall to cosine ~0.97 of the exact ones (entity names down to ~0.90), without them
-    ~0.99 (benchmarks/README.md, "int8 encoder")."""
+    MiniLM's question vectors fall to cosine ~0.98 of the exact ones (entity names ~0.97, some ~0.90),
+    without them ~0.99 (benchmarks/README.md, "int8 question encoder")."""
     import warnings
 
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
@@ -99,7 +99,7 @@ class Encoder:
         and float32 elsewhere, None = always float32, or a dtype (tests run the CUDA setting on CPU).
         ``quantize``: None (exact float32 weights), "int8" (torch dynamic quantisation of the
         transformer's Linear layers but the feed-forward outputs; CPU only: vectors within cosine ~0.99
-        of the exact ones) or "int8-all" (every Linear layer: faster, cosine ~0.97); see quantize_int8."""
+        of the exact ones) or "int8-all" (every Linear layer: faster, cosine ~0.98); see quantize_int8."""
         if quantize not in QUANTIZE_CHOICES:
             raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
         from transformers import AutoModel, AutoTokenizer
