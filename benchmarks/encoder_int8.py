@@ -2,10 +2,11 @@
 
     python -m benchmarks.encoder_int8 --set NAME INDEX_DIR QUESTIONS.jsonl [--set ...] --json OUT
                                       [--variants exact int8 int8-all] [--threads N] [--limit N]
+                                      [--override FIELD=VALUE ...]
 
 For each set and encoder (``LinearRAG.load(..., quantize=...)``; the index and spaCy model are shared)
-all questions are encoded and ranked in batches of 64 with the index's stored retrieval settings and
-top_k = 10: recall@2/5/10 (per question |gold ∩ top-k| / |gold|, gold = supporting_ids, averaged),
+all questions are encoded and ranked in batches of 64 with the index's stored retrieval settings
+(changed by ``--override``, e.g. chain_passages=0; the JSON records them) and top_k = 10: recall@2/5/10 (per question |gold ∩ top-k| / |gold|, gold = supporting_ids, averaged),
 how many questions keep the exact path's top-5 (as a list) and top-10 (as a set), the cosine of
 each question vector with the exact one, and the encoder stage's ms per question.
 """
@@ -43,14 +44,14 @@ def rank(rag: LinearRAG, questions: list, cfg):
     return ids, torch.cat(qv), t
 
 
-def run_set(name: str, index: Path, qfile: Path, variants: list, limit: int | None) -> dict:
+def run_set(name: str, index: Path, qfile: Path, variants: list, limit: int | None, overrides: dict) -> dict:
     items = read_questions(qfile)
     if limit:
         items = items[:limit]
     questions = [it["question"] for it in items]
     gold = [{str(g) for g in it.get("supporting_ids") or []} for it in items]
     base = LinearRAG.load(index, device="cpu")
-    cfg = base.config.replace(top_k=10)
+    cfg = base.config.replace(top_k=10, **overrides)
     res = {"index": str(index), "questions_file": str(qfile), "questions": len(items),
            "with_gold": sum(1 for g in gold if g), "config": dataclasses.asdict(cfg),
            "variants": {}}
@@ -87,15 +88,24 @@ def main(argv=None) -> int:
                     choices=("exact", "int8", "int8-all"), help="encoders (the first one is the reference)")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--limit", type=int, help="only the first N questions of each set")
+    ap.add_argument("--override", nargs="+", default=[], metavar="FIELD=VALUE",
+                    help="retrieval settings to change (VALUE as JSON: chain_passages=0, mode=\"paper\")")
     args = ap.parse_args(argv)
+    overrides = {}
+    for item in args.override:
+        field, _, value = item.partition("=")
+        try:
+            overrides[field] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[field] = value
     if args.threads:
         torch.set_num_threads(args.threads)
     out = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
-           "torch_threads": torch.get_num_threads(), "top_k": 10, "batch": BATCH, "units": {
+           "torch_threads": torch.get_num_threads(), "top_k": 10, "batch": BATCH, "overrides": overrides, "units": {
                "recall@k": "% (mean over questions with gold)", "encoder_ms_per_question": "ms, noisy (shared CPU)"},
            "sets": {}}
     for name, index, qfile in args.set:
-        out["sets"][name] = run_set(name, Path(index), Path(qfile), args.variants, args.limit)
+        out["sets"][name] = run_set(name, Path(index), Path(qfile), args.variants, args.limit, overrides)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {args.json}", file=sys.stderr)
