@@ -10,7 +10,11 @@ Sections (each one recorded in the JSON, an error in one does not stop the other
               relative error of the scores, both activation modes, Triton kernels and torch fallbacks;
 3. kernels    benchmarks/kernels.py's cases on the device: each fused op against the unfused torch;
 4. timing     the query path at several sizes x batch sizes, CUDA events after a warm-up, with the
-              PageRank steps' modeled memory traffic / their time as achieved bandwidth.
+              PageRank steps' modeled memory traffic / their time as achieved bandwidth;
+5. questions  the whole question path (spaCy NER on the CPU, the encoder and the graph on the device) on a
+              real index built there from --corpus (default: the bundled demo corpus; pass the 2wiki
+              corpus.jsonl and questions.jsonl when they were carried along): questions/s end to end and per
+              stage at several batch sizes, and top-k against the same index searched on the CPU.
 """
 from __future__ import annotations
 
@@ -36,9 +40,11 @@ from linearrag_torch.synthetic import random_queries  # noqa: E402
 
 DATE = "2026-11-30"
 FULL = {"copy_bytes": 1 << 30, "agree_passages": 50_000, "agree_batch": 64, "kernel_passages": 1_000_000,
-        "kernel_batch": 256, "argmax_size": 1 << 24, "sizes": [100_000, 1_000_000, 3_000_000], "batches": [1, 64, 1024]}
+        "kernel_batch": 256, "argmax_size": 1 << 24, "sizes": [100_000, 1_000_000, 3_000_000], "batches": [1, 64, 1024],
+        "question_passages": None, "question_batches": [1, 64, 256, 1024]}
 SMOKE = {"copy_bytes": 1 << 24, "agree_passages": 1_500, "agree_batch": 8, "kernel_passages": 3_000,
-         "kernel_batch": 8, "argmax_size": 1 << 15, "sizes": [2_000, 6_000], "batches": [1, 8]}
+         "kernel_batch": 8, "argmax_size": 1 << 15, "sizes": [2_000, 6_000], "batches": [1, 8],
+         "question_passages": 25, "question_batches": [1, 4]}
 
 
 class Clock:
@@ -137,6 +143,43 @@ def timing(device, sizes, batches, clock: Clock, copy_gbs: float, log) -> list:
     return rows
 
 
+def question_path(device, corpus, questions_file, max_passages, batches, log) -> dict:
+    """Section 5: index ``corpus`` with the device's encoder, then time rag.search end to end and by stage
+    (wall time, synchronised) at each batch size; top-k of the device against the CPU on that index."""
+    from linearrag_torch import LinearRAG
+    from linearrag_torch.corpus import read_corpus, read_questions
+    from linearrag_torch.pipeline import StageTimings
+
+    passages = read_corpus(corpus)[:max_passages] if max_passages else read_corpus(corpus)
+    qs = [q["question"] for q in read_questions(questions_file)]
+    t = time.perf_counter()
+    rag = LinearRAG.build(passages, device=device, progress=False)
+    build_s = time.perf_counter() - t
+    log(f"  indexed {len(passages)} passages on {device} in {build_s:.1f} s")
+    rag.search(qs[:8])  # warm-up: models, PageRank operator, kernels
+    rows = []
+    for b in batches:
+        batch = [qs[i % len(qs)] for i in range(b)]
+        rag.search(batch)
+        timings = StageTimings()
+        reps = max(1, min(20, 1024 // b))
+        sync(device)
+        t = time.perf_counter()
+        for _ in range(reps):
+            rag.search(batch, timings=timings)
+        sync(device)
+        el = (time.perf_counter() - t) / reps
+        rows.append({"batch": b, "ms_per_question": 1000 * el / b, "questions_per_s": b / el,
+                     **{f"{k}_ms_per_question": 1000 * v / reps / b for k, v in timings.items()}})
+        log(f"  batch {b:5d}: {b / el:9.1f} questions/s  " +
+            "  ".join(f"{k} {1000 * v / reps / b:.2f}" for k, v in timings.items()) + " ms/question")
+    n = min(len(qs), 256)
+    on_device = rag.search(qs[:n])
+    cpu = LinearRAG(rag.index, "cpu").search(qs[:n])
+    same = sum([h.id for h in a] == [h.id for h in c] for a, c in zip(on_device, cpu))
+    return {"passages": len(passages), "build_s": build_s, "rows": rows, "top_k_same_as_cpu": same, "compared": n}
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -144,6 +187,10 @@ def parse_args(argv=None):
     ap.add_argument("--json", type=Path, default=None, help="default benchmarks/results/gpu_check[_smoke].json")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new work after this long")
     ap.add_argument("--seed", type=int, default=None, help="seed of the agreement check (default: fresh)")
+    data = Path(__file__).resolve().parents[1] / "linearrag_torch" / "data"
+    ap.add_argument("--corpus", type=Path, default=data / "demo_corpus.jsonl", help="corpus of the questions section")
+    ap.add_argument("--questions", type=Path, default=data / "demo_questions.jsonl",
+                    help="questions of the questions section")
     return ap.parse_args(argv)
 
 
@@ -163,8 +210,8 @@ def prepare(args, device):
     return sizes, seed, out, path
 
 
-def run(device, sizes, seed, clock: Clock, out: dict, path: Path) -> None:
-    """The four sections, each recorded in ``out`` (and the JSON rewritten) as it ends; an error in one
+def run(device, sizes, seed, clock: Clock, out: dict, path: Path, args=None) -> None:
+    """The five sections, each recorded in ``out`` (and the JSON rewritten) as it ends; an error in one
     is recorded and does not stop the others."""
 
     def section(name, fn):
@@ -193,6 +240,9 @@ def run(device, sizes, seed, clock: Clock, out: dict, path: Path) -> None:
     section("kernels", lambda: run_cases(sizes["kernel_passages"], sizes["kernel_batch"], device, repeat=5, log=log,
                                          argmax_size=sizes["argmax_size"]))
     section("timing", lambda: timing(device, sizes["sizes"], sizes["batches"], clock, copy_gbs or 0.0, log))
+    if args is not None and (clock.left() > 0 or args.smoke):
+        section("questions", lambda: question_path(device, args.corpus, args.questions, sizes["question_passages"],
+                                                   sizes["question_batches"], log))
 
 
 def report(out: dict, path: Path, clock: Clock) -> int:
@@ -213,7 +263,7 @@ def main(argv=None) -> int:
         return 2
     clock = Clock(args.budget_s)
     sizes, seed, out, path = prepare(args, device)
-    run(device, sizes, seed, clock, out, path)
+    run(device, sizes, seed, clock, out, path, args)
     return report(out, path, clock)
 
 

@@ -13,9 +13,12 @@ def test_gpu_check_smoke_mode_on_cpu(tmp_path):
                            "--json", str(out), "--budget-s", "120"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads(out.read_text())
-    for name in ("bandwidth", "agreement", "kernels", "timing"):
+    for name in ("bandwidth", "agreement", "kernels", "timing", "questions"):
         assert "error" not in res["sections"][name], res["sections"][name].get("traceback")
     assert res["sections"]["agreement"]["result"]["ok"]
+    q = res["sections"]["questions"]["result"]  # the whole question path on a real (tiny) index
+    assert [r["batch"] for r in q["rows"]] == [1, 4] and all(r["questions_per_s"] > 0 for r in q["rows"])
+    assert q["top_k_same_as_cpu"] == q["compared"] > 0
     assert {r["batch"] for r in res["sections"]["timing"]["result"]} == {1, 8}
     kernel_ops = {r["op"] for r in res["sections"]["kernels"]["result"]}
     assert {"ppr_step", "personalized_pagerank", "top-k passages", "reference activation"} <= kernel_ops
