@@ -57,7 +57,7 @@ SYSTEMS = {
     "reference_scipy": ("scipy", {"mode": "reference"}, {}),
     "no_chain": ("graph", {"mode": "reference", "chain_passages": 0}, {}),
     "chain": ("graph", {"mode": "reference", "chain_passages": 2}, {}),
-    "chain_s2": ("graph", {"mode": "reference", "chain_passages": 2, "chain_sentences": 2}, {}),
+    "chain_s1": ("graph", {"mode": "reference", "chain_passages": 2, "chain_sentences": 1}, {}),
     "chain_scipy": ("scipy", {"mode": "reference", "chain_passages": 2}, {}),
 }
 
@@ -74,9 +74,9 @@ SYSTEM_HELP = {
     "bm25": "bm25s (lucene, k1=1.5, b=0.75), lower-cased, English stopwords",
     "reference_scipy": "reference mode on the numpy/scipy backend",
     "no_chain": "reference, one round (chain_passages=0)",
-    "chain": "reference with a second round seeded by the entities of the best sentence of the first round's "
-             "top 2 passages (chain_passages=2)",
-    "chain_s2": "chain with the 2 best sentences of each of those passages (chain_sentences=2)",
+    "chain": "reference with a second round seeded by the entities of the 2 best sentences of the first round's "
+             "top 2 passages (chain_passages=2, chain_sentences=2)",
+    "chain_s1": "chain with the best sentence only of each of those passages (chain_sentences=1)",
     "chain_scipy": "chain on the numpy/scipy backend",
 }
 

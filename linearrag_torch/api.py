@@ -211,8 +211,9 @@ class LinearRAG:
         ]
 
     def explain(self, questions: list[str], top_k: int | None = None, **overrides) -> list[dict]:
-        """Hits plus how they were reached: question entities, seeds, and the activated entities
-        (tier >= 2: reached by semantic bridging) found in each hit passage."""
+        """Hits plus how they were reached: question entities, seeds, the first round's activated entities
+        (tier >= 2: reached by semantic bridging) found in each hit passage, and the later rounds'
+        chain seeds (chain.py) with their seed scores."""
         if isinstance(questions, str):
             questions = [questions]
         cfg = self.config.replace(top_k=top_k, **overrides)
@@ -234,6 +235,8 @@ class LinearRAG:
                 "dense_fallback": bool(tr.dense[b]),
                 "question_entities": [t for t, o in zip(enc.entity_text, owner) if o == b],
                 "seeds": [(names[e], float(seeds[e, b])) for e in torch.nonzero(tr.is_seed[:, b].cpu()).flatten().tolist()],
+                # the later rounds' extra seeds (chain.py; [] with one round)
+                "chain_seeds": tr.chain_seeds[b] if getattr(tr, "chain_seeds", None) is not None else [],
                 "hits": [
                     (h, [(names[e], int(tier[e, b]), float(act[e, b])) for e in active if e in passage_ents[h.row]])
                     for h in hits[b]

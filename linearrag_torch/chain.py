@@ -27,6 +27,12 @@ from .config import RetrievalConfig
 from .queries import EncodedQueries, Retrieved
 
 
+def enabled(cfg: RetrievalConfig) -> bool:
+    """Whether a retrieval runs later rounds: chain_passages > 0 in reference mode. Paper mode answers in one
+    round (its eq. 5 sums every path, and the extra seeds swamped it: docs/QUALITY.md)."""
+    return cfg.chain_passages > 0 and cfg.mode == "reference"
+
+
 def chain_seeds(index, queries: EncodedQueries, first: Retrieved, cfg: RetrievalConfig, skip=None) -> list[dict]:
     """Per question {entity: w(e)} from the round's top chain_passages passages (module docstring), passing
     over the passages in skip[b] (the sources of earlier rounds); the sources taken are added to skip[b]."""
@@ -35,8 +41,12 @@ def chain_seeds(index, queries: EncodedQueries, first: Retrieved, cfg: Retrieval
     sent_emb = index.sentence_emb
     out = []
     idx, scores = first.indices.cpu(), first.scores.cpu().double()
+    has_entities = set(queries.entity_owner.cpu().tolist())
     for b in range(q.shape[0]):
         seeds: dict = {}
+        if b not in has_entities:  # answered by dense retrieval (METHOD.md): no chain either
+            out.append(seeds)
+            continue
         top = float(scores[b, 0]) if idx.shape[1] else 0.0
         used = skip[b] if skip is not None else set()
         sources = [int(p) for p in idx[b].tolist() if p >= 0 and int(p) not in used][: cfg.chain_passages]
@@ -82,11 +92,17 @@ def second_round_queries(index, queries: EncodedQueries, seeds: list[dict]) -> E
         emb.append((E.index_select(0, torch.tensor(ents, dtype=torch.int64)).float() * w[:, None]).to(dev))
         owner.append(torch.full((len(ents),), b, dtype=torch.int64, device=queries.entity_owner.device))
         text.extend(index.entities[e] for e in ents)
-    return EncodedQueries(queries.query_emb, torch.cat(emb), torch.cat(owner), text)
+    rows = queries.entity_rows
+    if rows is not None:  # the question entities' stored-vector rows (pipeline.py) stay; chain seeds scan (-1)
+        extra = sum(len(sd) for sd in seeds)
+        rows = torch.cat([rows, torch.full((extra,), -1, dtype=rows.dtype, device=rows.device)])
+    return EncodedQueries(queries.query_emb, torch.cat(emb), torch.cat(owner), text, rows, queries.rows_of)
 
 
 def merge(first: Retrieved, second: Retrieved, keep: int, k: int) -> Retrieved:
-    """The first round's top ``keep`` passages, then the second round's ranking without them; k per question."""
+    """The first round's top ``keep`` passages, then the second round's ranking without them; k per question.
+    A passage's score is its second-round score where the second round lists it (so passages that tie there
+    still tie), else its first-round score."""
     B = first.indices.shape[0]
     fi, fs = first.indices.cpu(), first.scores.cpu()
     si, ss = second.indices.cpu(), second.scores.cpu()
@@ -95,10 +111,11 @@ def merge(first: Retrieved, second: Retrieved, keep: int, k: int) -> Retrieved:
     val = torch.zeros((B, k), dtype=torch.float32)
     for b in range(B):
         rows, vals = [], []
+        later = {i: s for i, s in zip(si[b].tolist(), ss[b].tolist()) if i >= 0}
         for i, s in zip(fi[b, :keep].tolist(), fs[b, :keep].tolist()):
             if i >= 0 and i not in rows:
                 rows.append(i)
-                vals.append(s)
+                vals.append(later.get(i, s))
         for i, s in zip(si[b].tolist(), ss[b].tolist()):
             if len(rows) >= k:
                 break
@@ -117,11 +134,13 @@ def chain_retrieve(run, index, queries: EncodedQueries, cfg: RetrievalConfig, tr
     chain seeds of rounds 2 .. r + 1 (each from the top passages of the round before, not yet used as
     sources); it runs with W_p = chain_passage_weight. The final list after round r + 1 is the list
     after round r cut to r * chain_keep passages, then round r + 1's ranking. With ``trace``, ``run``
-    returns (Retrieved, trace) and so does this: the last round's trace (its seeds include the chain seeds)."""
+    returns (Retrieved, trace) and so does this: the first round's trace (the question's own seeds and
+    activation), with ``chain_seeds`` set to each question's [(entity name, w)] of the later rounds."""
     one = cfg.replace(chain_passages=0)
     later = one.replace(passage_node_weight=cfg.chain_passage_weight)
     depth = max(cfg.top_k, cfg.chain_passages * (cfg.chain_rounds + 1), cfg.chain_keep * (cfg.chain_rounds + 1))
-    cur = run(queries, one.replace(top_k=depth), False)
+    cur = run(queries, one.replace(top_k=depth), trace)
+    cur, tr1 = cur if trace else (cur, None)
     out = cur
     skip = [set() for _ in range(queries.batch_size)]
     seeds = [dict() for _ in range(queries.batch_size)]
@@ -130,9 +149,11 @@ def chain_retrieve(run, index, queries: EncodedQueries, cfg: RetrievalConfig, tr
         for acc, new in zip(seeds, chain_seeds(index, queries, cur, cfg, skip)):
             for e, w in new.items():
                 acc[e] = max(acc.get(e, 0.0), w)
-        last = r == cfg.chain_rounds
-        res = run(second_round_queries(index, queries, seeds), later.replace(top_k=depth), trace and last)
-        cur, tr = res if (trace and last) else (res, None)
+        cur = run(second_round_queries(index, queries, seeds), later.replace(top_k=depth), False)
         out = merge(out, cur, r * cfg.chain_keep, depth)
     out = Retrieved(out.indices[:, :min(cfg.top_k, out.indices.shape[1])], out.scores[:, :min(cfg.top_k, out.scores.shape[1])])
-    return (out, tr) if trace else out
+    if not trace:
+        return out
+    names = index.entities
+    tr1.chain_seeds = [[(names[e], w) for e, w in sorted(sd.items(), key=lambda x: (-x[1], x[0]))] for sd in seeds]
+    return out, tr1

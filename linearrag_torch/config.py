@@ -17,8 +17,9 @@ class RetrievalConfig:
 
     Defaults: the reference code's 2WikiMultiHopQA values, except three settings chosen on the
     2wiki and hotpotqa_train100 dev questions (docs/QUALITY.md): ``lam`` 1.0 (reference 0.05),
-    ``damping`` 0.7 (0.5) and ``lexicon_seeds`` on. ``RetrievalConfig.reference_code()`` gives the
-    reference code's settings exactly (pair it with an index built with title_entities=False).
+    ``damping`` 0.7 (0.5) and ``lexicon_seeds`` on, and a second round (``chain_passages`` 2, chosen on
+    those two and musique_dev200). ``RetrievalConfig.reference_code()`` gives the reference code's
+    settings exactly (pair it with an index built with title_entities=False).
     """
 
     mode: str = "reference"  # "paper" (eq. 5 as written) or "reference" (the reference code's BFS)
@@ -36,10 +37,10 @@ class RetrievalConfig:
     lexicon_seeds: bool = True  # also take question entities by matching the index's entity strings
     use_activation: bool = True  # ablation switch: False keeps the seeds only (no propagation)
     use_ppr: bool = True  # ablation switch: False ranks passages by their eq. 7 reset weight
-    # second round following the chain one more hop (chain.py; docs/QUALITY.md): 0 = off, else the first
-    # round's top passages whose most question-like sentences' entities seed a second round
-    chain_passages: int = 0
-    chain_sentences: int = 1  # sentences per such passage (by eq. 4's sigma) whose entities become seeds
+    # second round following the chain one more hop (chain.py; docs/QUALITY.md): 0 = off (one round), else
+    # the first round's top passages whose most question-like sentences' entities seed a second round
+    chain_passages: int = 2
+    chain_sentences: int = 2  # sentences per such passage (by eq. 4's sigma) whose entities become seeds
     chain_weight: float = 2.0  # scale of those seeds' scores (share of the top score x sigma x this)
     chain_keep: int = 1  # passages of each round kept ahead of the next round's ranking
     chain_rounds: int = 1  # rounds after the first, each seeded from the one before
@@ -48,7 +49,7 @@ class RetrievalConfig:
     @classmethod
     def reference_code(cls, **changes) -> "RetrievalConfig":
         """The reference code's settings for 2WikiMultiHopQA / HotpotQA (ALGORITHM.md section 5)."""
-        return cls(lam=0.05, damping=0.5, lexicon_seeds=False).replace(**changes)
+        return cls(lam=0.05, damping=0.5, lexicon_seeds=False, chain_passages=0).replace(**changes)
 
     def __post_init__(self) -> None:
         self.validate()

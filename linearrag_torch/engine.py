@@ -143,6 +143,7 @@ class Trace:
     is_seed: torch.Tensor  # [E, B] bool
     activation: Activation
     dense: torch.Tensor  # [B] bool: answered by dense retrieval
+    chain_seeds: list | None = None  # per question [(entity, seed score)] of the later rounds (chain.py)
 
 
 def activate_pairs(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig):
@@ -181,11 +182,11 @@ def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, 
     """Rank passages for a batch of encoded questions. Returns Retrieved (and a Trace if asked).
 
     The batch runs in chunks of graph.questions_per_chunk(memory_budget, cfg) questions.
-    With cfg.chain_passages > 0, 1 + cfg.chain_rounds rounds (chain.py).
+    With cfg.chain_passages > 0 in reference mode, 1 + cfg.chain_rounds rounds (chain.py).
     """
-    if cfg.chain_passages > 0:
-        from .chain import chain_retrieve
+    from .chain import chain_retrieve, enabled as chain_enabled
 
+    if chain_enabled(cfg):
         return chain_retrieve(lambda q, c, t: retrieve(graph, q, c, t, memory_budget), graph.index, queries, cfg, trace)
     queries = queries.to(graph.device)
     B = queries.batch_size

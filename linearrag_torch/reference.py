@@ -195,10 +195,10 @@ def retrieve(index: TriGraphIndex, queries: EncodedQueries, config: RetrievalCon
              prepared: dict | None = None) -> Retrieved:
     """Returns Retrieved(indices, scores) as torch tensors (int64 [B,k], float32 [B,k]) computed with
     numpy/scipy, k = min(config.top_k, P). ``prepared``: prepare(index, config), if already made.
-    With config.chain_passages > 0, 1 + config.chain_rounds rounds (chain.py)."""
-    if config.chain_passages > 0:
-        from .chain import chain_retrieve
+    With config.chain_passages > 0 in reference mode, 1 + config.chain_rounds rounds (chain.py)."""
+    from .chain import chain_retrieve, enabled as chain_enabled
 
+    if chain_enabled(config):
         if prepared is None or prepared["adjacent_passages"] != config.adjacent_passages:
             prepared = prepare(index, config)
         return chain_retrieve(lambda q, c, t: retrieve(index, q, c, prepared), index, queries, config)

@@ -34,7 +34,10 @@ def tiny_index():
     )
 
 
-def one_question():
+def one_question(entities: bool = True):
+    """q = x, with one question entity (a question without any gets no chain seeds: it is answered densely)."""
+    if entities:
+        return EncodedQueries(torch.tensor([[1.0, 0, 0, 0]]), torch.tensor([[0.0, 0, 1, 0]]), torch.tensor([0]), ["e2"])
     return EncodedQueries(torch.tensor([[1.0, 0, 0, 0]]), torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64), [])
 
 
@@ -53,7 +56,7 @@ def test_chain_seeds_by_hand():
 
 def test_second_round_seeds_are_the_chain_entities_with_their_weights():
     ix = tiny_index()
-    q = one_question()
+    q = one_question(entities=False)
     enc = second_round_queries(ix, q, [{0: 0.8, 3: 0.3}])
     keys, vals = seed_pairs(ix.entity_emb, enc.entity_emb, enc.entity_owner, 1)
     assert keys.tolist() == [0, 3] and vals.tolist() == pytest.approx([0.8, 0.3])
@@ -64,7 +67,8 @@ def test_merge_keeps_the_first_rounds_top_then_the_second_round():
     first = Retrieved(torch.tensor([[4, 2, 7]]), torch.tensor([[0.5, 0.3, 0.1]]))
     second = Retrieved(torch.tensor([[2, 9, 4, 1]]), torch.tensor([[0.6, 0.2, 0.1, 0.05]]))
     out = merge(first, second, keep=1, k=3)
-    assert out.indices.tolist() == [[4, 2, 9]] and out.scores[0].tolist() == pytest.approx([0.5, 0.6, 0.2])
+    # 4 is kept first with its second-round score .1 (the second round lists it)
+    assert out.indices.tolist() == [[4, 2, 9]] and out.scores[0].tolist() == pytest.approx([0.1, 0.6, 0.2])
     out = merge(first, second, keep=0, k=3)
     assert out.indices.tolist() == [[2, 9, 4]]
 
@@ -73,12 +77,14 @@ def test_chain_off_is_one_round():
     index = random_index(60, 80, dim=8, seed=1)
     queries = random_queries(index, 5, seed=2)
     g = DeviceGraph(index)
-    a = retrieve(g, queries, RetrievalConfig(delta=0.2))
-    b = retrieve(g, queries, RetrievalConfig(delta=0.2, chain_passages=0, chain_keep=3))
-    assert torch.equal(a.indices, b.indices)
+    a = retrieve(g, queries, RetrievalConfig(delta=0.2, chain_passages=0))
+    b = retrieve(g, queries, RetrievalConfig(delta=0.2, chain_passages=0, chain_keep=3, chain_sentences=4,
+                                             chain_rounds=3, chain_passage_weight=7.0))
+    assert torch.equal(a.indices, b.indices) and torch.equal(a.scores, b.scores)
+    assert RetrievalConfig.reference_code().chain_passages == 0
 
 
-@pytest.mark.parametrize("mode", ["paper", "reference"])
+@pytest.mark.parametrize("mode", ["reference"])  # paper mode answers in one round (chain.enabled)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_torch_and_scipy_agree_with_a_second_round(mode, seed):
     index = random_index(120, 150, dim=12, seed=seed)
@@ -95,7 +101,7 @@ def test_torch_and_scipy_agree_with_a_second_round(mode, seed):
 def test_later_rounds_take_new_source_passages():
     ix = tiny_index()
     first = Retrieved(torch.tensor([[0, 1, 2]]), torch.tensor([[0.5, 0.25, 0.1]]))
-    cfg = RetrievalConfig(chain_passages=1, chain_weight=1.0)
+    cfg = RetrievalConfig(chain_passages=1, chain_sentences=1, chain_weight=1.0)
     skip = [set()]
     assert chain_seeds(ix, one_question(), first, cfg, skip)[0].keys() == {0, 1}  # p0's s0
     assert skip == [{0}]
@@ -110,6 +116,7 @@ def test_title_line_is_not_a_chain_sentence():
     first = Retrieved(torch.tensor([[0, 1, 2]]), torch.tensor([[0.5, 0.25, 0.1]]))
     seeds = chain_seeds(ix, one_question(), first, RetrievalConfig(chain_passages=1, chain_weight=1.0))
     assert seeds[0].keys() == {2} and seeds[0][2] == pytest.approx(0.6)
+    assert chain_seeds(ix, one_question(entities=False), first, RetrievalConfig(chain_passages=1)) == [{}]
 
 
 @pytest.mark.parametrize("rounds", [1, 2])
@@ -132,3 +139,26 @@ def test_explain_style_trace_comes_from_the_last_round():
     plain, tr1 = retrieve(DeviceGraph(index), queries, cfg.replace(chain_passages=0), trace=True)
     assert torch.equal(out.indices, retrieve(DeviceGraph(index), queries, cfg).indices)
     assert int(tr.is_seed.sum()) >= int(tr1.is_seed.sum())  # the chain seeds join the question's
+
+
+def test_paper_mode_and_entity_less_questions_answer_in_one_round():
+    index = random_index(60, 80, dim=8, seed=11)
+    queries = random_queries(index, 6, seed=12)
+    g = DeviceGraph(index)
+    for backend in (lambda c: retrieve(g, queries, c), lambda c: reference.retrieve(index, queries, c)):
+        paper = backend(RetrievalConfig(mode="paper", delta=0.2, chain_passages=2))
+        one = backend(RetrievalConfig(mode="paper", delta=0.2, chain_passages=0))
+        assert torch.equal(paper.indices, one.indices)
+    # a question without entities keeps its dense ranking (cosines) with the chain on
+    no_ent = EncodedQueries(queries.query_emb[:1], queries.entity_emb[:0], queries.entity_owner[:0], [])
+    out = retrieve(g, no_ent, RetrievalConfig(chain_passages=2, top_k=5))
+    cos = index.passage_emb @ queries.query_emb[0]
+    assert out.indices[0].tolist() == torch.sort(cos, descending=True, stable=True).indices[:5].tolist()
+    torch.testing.assert_close(out.scores[0], cos[out.indices[0]])
+
+
+def test_merge_gives_a_kept_passage_its_second_round_score():
+    first = Retrieved(torch.tensor([[4, 2]]), torch.tensor([[0.5, 0.3]]))
+    second = Retrieved(torch.tensor([[2, 4, 9]]), torch.tensor([[0.6, 0.6, 0.2]]))
+    out = merge(first, second, keep=1, k=3)
+    assert out.indices.tolist() == [[4, 2, 9]] and out.scores[0].tolist() == pytest.approx([0.6, 0.6, 0.2])

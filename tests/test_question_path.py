@@ -208,10 +208,11 @@ def test_rows_are_not_used_against_another_index(small_rag, nlp, encoder, questi
     assert torch.equal(out.indices, ref.indices)
     calls = []
     real = engine.seed_pairs
+    one_round = small_rag.config.replace(chain_passages=0)  # one seed_pairs call per retrieve
     try:
         engine.seed_pairs = lambda *a: calls.append(a[4:]) or real(*a)
-        engine.retrieve(graph, enc, small_rag.config)
-        engine.retrieve(small_rag.graph, enc, small_rag.config)
+        engine.retrieve(graph, enc, one_round)
+        engine.retrieve(small_rag.graph, enc, one_round)
     finally:
         engine.seed_pairs = real
     assert calls[0] == (None,) and calls[1][0] is enc.entity_rows
