@@ -139,6 +139,7 @@ def test_an_answer_does_not_depend_on_the_batch_it_rode_in(small_rag, small_ques
     ({"question": "q", "damping": 1.5}, "damping"),
     ({"question": "q", "mode": "fast"}, "mode"),
     ({"question": "q", "ppr_max_iter": 10 ** 9}, "ppr_max_iter"),
+    ({"question": "q", "chain_rounds": 50}, "chain_rounds"),
     ({"question": "q", "questions": ["r"]}, "exactly one"),
     ({}, "exactly one"),
     (["q"], "body"),
