@@ -13,6 +13,8 @@ line naming the URL and the HTTP status and the server's "detail".
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from .api import Hit
 
 
@@ -83,12 +85,8 @@ class SearchClient:
         httpx = _httpx()
         if self._client is None:
             self._client = httpx.Client(timeout=self.timeout)
-        try:
+        with self._transport_errors():
             resp = self._client.post(self.url, json=self.payload(qs, top_k, include_text, settings), headers=self.headers)
-        except httpx.TimeoutException:
-            raise SearchError(f"linearrag server {self.url}: no reply within the {self.timeout:g} s timeout") from None
-        except httpx.HTTPError as exc:
-            raise SearchError(f"linearrag server {self.url}: request failed ({type(exc).__name__}: {exc})") from None
         out = self._parse(resp, len(qs))
         return out[0] if single else out
 
@@ -101,15 +99,22 @@ class SearchClient:
             return []
         httpx = _httpx()
         async with httpx.AsyncClient(timeout=self.timeout) as client:
-            try:
+            with self._transport_errors():
                 resp = await client.post(self.url, json=self.payload(qs, top_k, include_text, settings),
                                          headers=self.headers)
-            except httpx.TimeoutException:
-                raise SearchError(f"linearrag server {self.url}: no reply within the {self.timeout:g} s timeout") from None
-            except httpx.HTTPError as exc:
-                raise SearchError(f"linearrag server {self.url}: request failed ({type(exc).__name__}: {exc})") from None
         out = self._parse(resp, len(qs))
         return out[0] if single else out
+
+    @contextmanager
+    def _transport_errors(self):
+        """A timeout or a failed connection as one SearchError line naming the URL."""
+        httpx = _httpx()
+        try:
+            yield
+        except httpx.TimeoutException:
+            raise SearchError(f"linearrag server {self.url}: no reply within the {self.timeout:g} s timeout") from None
+        except httpx.HTTPError as exc:
+            raise SearchError(f"linearrag server {self.url}: request failed ({type(exc).__name__}: {exc})") from None
 
     def _parse(self, resp, n: int) -> list[list[Hit]]:
         if resp.status_code != 200:
