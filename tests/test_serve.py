@@ -352,7 +352,7 @@ def test_serve_command_drains_on_sigterm_and_exits_0(small_index_dir, small_ques
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "linearrag_torch.cli", "serve", str(small_index_dir),
-                             "--port", str(port), "--device", "cpu", "--log-level", "warning"],
+                             "--port", str(port), "--device", "cpu", "--log-level", "warning", "--max-concurrent", "1"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -366,6 +366,14 @@ def test_serve_command_drains_on_sigterm_and_exits_0(small_index_dir, small_ques
                 pass
             assert time.monotonic() < deadline, "server did not become ready"
             time.sleep(0.2)
+        # open connections are bounded: 8 x --max-concurrent + 64 = 72, then uvicorn answers 503
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(72)]
+        time.sleep(0.5)
+        assert httpx.get(url + "/health").status_code == 503
+        for sock in idle:
+            sock.close()
+        time.sleep(0.5)
+        assert httpx.get(url + "/health").status_code == 200
         many = [q["question"] + f" ({i})" for i in range(40) for q in small_questions][:240]
         result = {}
 
@@ -456,7 +464,7 @@ def test_memory_budget_and_every_setting_reach_the_command_line(small_rag, capsy
     from dataclasses import fields
 
     from linearrag_torch.cli import main
-    from linearrag_torch.engine import parse_bytes
+    from linearrag_torch.memory import parse_bytes
 
     with serving(small_rag, memory_budget="3M") as (url, _):
         assert httpx.get(url + "/info").json()["memory"]["memory_budget_bytes"] == parse_bytes("3M") == 3 << 20

@@ -60,6 +60,11 @@ def _server_class():
     return Server
 
 
+def connection_limit(settings: ServeSettings) -> int:
+    """Open connections (and their tasks) uvicorn accepts before it answers 503 itself."""
+    return 8 * settings.max_concurrent + 64
+
+
 def serve(index_dir, settings: ServeSettings, llm=None) -> int:
     """Run the server until SIGINT/SIGTERM (requests in flight are answered first); 0 on a clean stop,
     1 when the index could not be loaded."""
@@ -68,8 +73,10 @@ def serve(index_dir, settings: ServeSettings, llm=None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     service = LinearRAGService(index_dir, settings, llm=llm)
     app = create_app(service)
+    # open connections are bounded too: past 8x --max-concurrent (+64 for probes) uvicorn answers 503
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            timeout_graceful_shutdown=settings.graceful_timeout, access_log=False)
+                            timeout_graceful_shutdown=settings.graceful_timeout, access_log=False,
+                            limit_concurrency=connection_limit(settings))
     server = _server_class()(config)
     failed = []
 
