@@ -316,8 +316,10 @@ def _seed_sets(rag, enc, cfg):
     internal functions are not available."""
     try:
         from linearrag_torch import engine, reference
+        from linearrag_torch.activation import dense_seeds
 
-        seeds, is_seed, _ = engine.activate(rag.graph, enc.to(rag.device), cfg)
+        keys, vals, _ = engine.activate_pairs(rag.graph, enc.to(rag.device), cfg)
+        seeds, is_seed = dense_seeds(keys, vals, rag.graph.entity_emb.shape[0], enc.batch_size)
         names = rag.index.entities
         st = [{names[e]: round(float(seeds[e, b]), 9) for e in torch.nonzero(is_seed[:, b]).flatten().tolist()}
               for b in range(enc.batch_size)]

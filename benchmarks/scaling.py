@@ -467,7 +467,7 @@ def parse_args(argv=None):
                     help="keep the sizes and rows of an existing --json file that this run does not redo")
     args = ap.parse_args(argv)
     if args.memory_budget:
-        from linearrag_torch.engine import parse_bytes
+        from linearrag_torch.memory import parse_bytes
 
         args.memory_budget = parse_bytes(args.memory_budget)
     return args

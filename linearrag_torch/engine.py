@@ -5,12 +5,11 @@
 
 Everything stays on the index's device; the batch state is (entities x B) / (passages x B), and
 nothing of size (sentences x B) is formed (sigma is computed where a step needs it). A large batch
-runs in chunks of questions sized from a memory budget (see ``memory_budget``); the answer for a
+runs in chunks of questions sized from a memory budget (memory.py, ``DeviceGraph.questions_per_chunk``); the answer for a
 question does not depend on the chunk it runs in.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +18,7 @@ from . import kernels
 from .activation import Activation, ActivePairs, dense_seeds, propagate_paper, propagate_reference_pairs, seed_pairs
 from .config import RetrievalConfig
 from .index import TriGraphIndex
+from .memory import default_memory_budget
 from .pagerank import ColumnEntries, PPRGraph, passage_reset_entries, personalized_pagerank
 from .queries import EncodedQueries, Retrieved
 
@@ -31,31 +31,6 @@ from .queries import EncodedQueries, Retrieved
 BYTES_PER_PASSAGE = 32
 BYTES_PER_WALK_ROW = 16
 BYTES_PER_ENTITY_PAPER = 32
-MEMORY_BUDGET_ENV = "LINEARRAG_MEMORY_BUDGET"
-
-
-def parse_bytes(text: str) -> int:
-    """'4G', '512M', '2GiB', '1000000' -> bytes (K/M/G/T are powers of 1024)."""
-    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
-    return int(float(t[:-1] if scale > 1 else t) * scale)
-
-
-def default_memory_budget(device) -> int:
-    """The working memory a batch may use: $LINEARRAG_MEMORY_BUDGET if set, else on CUDA half the free
-    device memory, on CPU a quarter of the available RAM capped at 4 GiB."""
-    if os.environ.get(MEMORY_BUDGET_ENV):
-        return parse_bytes(os.environ[MEMORY_BUDGET_ENV])
-    device = torch.device(device)
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return free // 2
-    try:
-        with open("/proc/meminfo") as fh:
-            avail = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable"))
-    except (OSError, StopIteration, ValueError):
-        avail = 8 << 30
-    return max(256 << 20, min(4 << 30, avail // 4))
 
 
 class DeviceGraph:
@@ -164,19 +139,6 @@ def activate_pairs(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalCo
     return keys, vals, act
 
 
-def activate(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig):
-    """Eqs. 3-5 for a batch as dense [E, B] tensors (diagnostics): (seeds, is_seed, Activation)."""
-    B, E = queries.batch_size, graph.entity_emb.shape[0]
-    keys, vals, act = activate_pairs(graph, queries, cfg)
-    seeds, is_seed = dense_seeds(keys, vals, E, B)
-    return seeds, is_seed, act.dense(E)
-
-
-def top_k(scores: torch.Tensor, k: int):
-    """The k best rows of each column of [P, B], best first, ties to the lowest row: ([B, k], [B, k])."""
-    return kernels.topk_columns(scores, k)
-
-
 def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool = False,
              memory_budget: int | None = None):
     """Rank passages for a batch of encoded questions. Returns Retrieved (and a Trace if asked).
@@ -256,7 +218,7 @@ def _retrieve_chunk(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalC
         else:
             scores = sim.clone()
             scores[:, g[valid]] = ppr_p[:, valid]
-    idx, vals = top_k(scores, k)
+    idx, vals = kernels.topk_columns(scores, k)  # best first, ties to the lowest row
     out = Retrieved(idx, vals)
     if trace:
         return out, Trace(*dense_seeds(seed_keys, seed_vals, E, B), act.dense(E), ~use_graph)

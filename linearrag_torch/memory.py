@@ -1,4 +1,11 @@
-"""Process-wide allocator setting for big indexes on Linux/glibc.
+"""Memory settings: the working-memory budget of a query batch, and the allocator setting for big indexes.
+
+The budget (``default_memory_budget``): how many bytes one engine call may use for its batch state; the
+engine (engine.DeviceGraph.questions_per_chunk) runs a batch in chunks of questions that fit it.
+``$LINEARRAG_MEMORY_BUDGET`` overrides the default; ``parse_bytes`` reads '4G'-style sizes (the
+environment, ``linearrag serve --memory-budget``, the benchmarks).
+
+The allocator setting (``keep_freed_memory``), process-wide, for big indexes on Linux/glibc:
 
 glibc serves every allocation above its mmap threshold (dynamic, at most 32 MiB) with a fresh mmap and
 gives it back to the kernel on free, so each large temporary tensor of an index build or of a big query
@@ -13,7 +20,37 @@ The ``linearrag`` command and the benchmarks call it; a library user who owns th
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
+
+MEMORY_BUDGET_ENV = "LINEARRAG_MEMORY_BUDGET"
+
+
+def parse_bytes(text: str) -> int:
+    """'4G', '512M', '2GiB', '1000000' -> bytes (K/M/G/T are powers of 1024)."""
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
+    return int(float(t[:-1] if scale > 1 else t) * scale)
+
+
+def default_memory_budget(device) -> int:
+    """The working memory a batch may use: $LINEARRAG_MEMORY_BUDGET if set, else on CUDA half the free
+    device memory, on CPU a quarter of the available RAM capped at 4 GiB."""
+    if os.environ.get(MEMORY_BUDGET_ENV):
+        return parse_bytes(os.environ[MEMORY_BUDGET_ENV])
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free // 2
+    try:
+        with open("/proc/meminfo") as fh:
+            avail = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable"))
+    except (OSError, StopIteration, ValueError):
+        avail = 8 << 30
+    return max(256 << 20, min(4 << 30, avail // 4))
+
 
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 _applied: bool | None = None

@@ -4,7 +4,8 @@ import torch
 
 from linearrag_torch import engine
 from linearrag_torch.config import RetrievalConfig
-from linearrag_torch.engine import DeviceGraph, parse_bytes, retrieve
+from linearrag_torch.engine import DeviceGraph, retrieve
+from linearrag_torch.memory import MEMORY_BUDGET_ENV, default_memory_budget, parse_bytes
 from linearrag_torch.synthetic import random_index, random_queries
 
 
@@ -40,12 +41,12 @@ def test_memory_budget_setting(monkeypatch):
     assert parse_bytes("4G") == 4 << 30 and parse_bytes("512MiB") == 512 << 20 and parse_bytes("1000") == 1000
     index = random_index(50, 60, dim=8, seed=1)
     graph = DeviceGraph(index)
-    monkeypatch.setenv(engine.MEMORY_BUDGET_ENV, str(3 * graph.bytes_per_question()))
+    monkeypatch.setenv(MEMORY_BUDGET_ENV, str(3 * graph.bytes_per_question()))
     assert graph.questions_per_chunk() == 3
     graph.memory_budget = 1  # the attribute wins over the environment; a chunk holds at least one question
     assert graph.questions_per_chunk() == 1
-    monkeypatch.delenv(engine.MEMORY_BUDGET_ENV)
-    assert engine.default_memory_budget("cpu") >= 256 << 20
+    monkeypatch.delenv(MEMORY_BUDGET_ENV)
+    assert default_memory_budget("cpu") >= 256 << 20
 
 
 def test_bytes_per_question_counts_what_each_mode_keeps():

@@ -223,7 +223,7 @@ class LinearRAGService:
 
     def _configure(self, rag) -> None:
         if self.settings.memory_budget:
-            from ..engine import parse_bytes
+            from ..memory import parse_bytes
 
             rag.graph.memory_budget = parse_bytes(self.settings.memory_budget)
 
