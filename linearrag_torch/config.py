@@ -1,6 +1,6 @@
 """Hyper-parameters of retrieval and of indexing, with the reference code's defaults.
 
-Names follow ../docs/ALGORITHM.md: ``delta`` is the reference code's iteration_threshold,
+Names follow docs/METHOD.md, "The reference code's settings": ``delta`` is the reference code's iteration_threshold,
 ``lam`` its passage_ratio (lambda of eq. 7), ``passage_node_weight`` is W_p of eq. 7.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ class RetrievalConfig:
 
     @classmethod
     def reference_code(cls, **changes) -> "RetrievalConfig":
-        """The reference code's settings for 2WikiMultiHopQA / HotpotQA (ALGORITHM.md section 5)."""
+        """The reference code's settings for 2WikiMultiHopQA / HotpotQA (docs/METHOD.md, "The reference code's settings")."""
         return cls(lam=0.05, damping=0.5, lexicon_seeds=False, chain_passages=0).replace(**changes)
 
     def __post_init__(self) -> None:

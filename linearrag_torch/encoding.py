@@ -1,4 +1,4 @@
-"""Sentence embeddings (ALGORITHM.md section 2, step 4): a transformer, mean pooling, L2 normalisation.
+"""Sentence embeddings (docs/METHOD.md, "Indexing (steps 1-4)", step 4): a transformer, mean pooling, L2 normalisation.
 
 Equivalent to sentence-transformers' ``encode(normalize_embeddings=True)`` for models made of
 Transformer + mean Pooling (+ Normalize), such as all-MiniLM-L6-v2, without depending on that

@@ -1,4 +1,4 @@
-"""spaCy NER and sentence splitting (ALGORITHM.md section 2, steps 1-2; query NER of eq. 3).
+"""spaCy NER and sentence splitting (docs/METHOD.md, "Indexing (steps 1-4)", steps 1-2; query NER of eq. 3).
 
 The pipeline keeps only what named-entity recognition needs. en_core_web_sm's ``ner`` carries its own
 embedding layer (it does not listen to the shared ``tok2vec``), so ``tok2vec`` is dropped as well;
