@@ -24,7 +24,7 @@ from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.kernels.backends import kernels_mode, torch_scatter_available, triton_available
 from linearrag_torch.pagerank import PPRGraph, personalized_pagerank
 from linearrag_torch.synthetic import random_queries
-from linearrag_torch.testing import passage_reset, ppr_step_reference, propagate_reference, seed_entities
+from linearrag_torch.testing import passage_reset, ppr_step_reference, propagate_reference, seed_entities, sigma_pair
 
 DATE = "2026-11-30"
 
@@ -207,10 +207,15 @@ def run_cases(passages: int, batch: int, device: torch.device, repeat: int, dim:
     # 4b. the per-entity top-k alone, on the seeds' rows: argmax paths
     e_idx, b_idx = torch.nonzero(is_seed, as_tuple=True)
     used = torch.empty(0, dtype=torch.int64, device=device)
-    want = kernels.segment_topk_sigma(graph.MT_crow, graph.MT_col, e_idx, b_idx, sigma_dense_fn(), used, batch, 2)
     sig_dense = sigma_dense_fn()
-    ref_ms = timed(lambda: kernels.segment_topk_sigma(graph.MT_crow, graph.MT_col, e_idx, b_idx, sig_dense, used,
-                                                      batch, 2), device, repeat)
+    sig_pair = sigma_pair(sig_dense)  # the precomputed [S, B] sigma in the pair form (one-hot query side)
+
+    def dense_sort():  # the torch path, as before the Triton kernel
+        with kernels_mode("torch"):
+            return kernels.segment_topk_sigma(graph.MT_crow, graph.MT_col, e_idx, b_idx, sig_pair, used, batch, 2)
+
+    want = dense_sort()
+    ref_ms = timed(dense_sort, device, repeat)
     row("segment top-2 sentences", "dense sigma, sort", ref_ms, ref_ms, 0.0, pairs=int(e_idx.numel()))
     for name, fn in variants(lambda: kernels.segment_topk_sigma(graph.MT_crow, graph.MT_col, e_idx, b_idx, lazy, used,
                                                                 batch, 2)):

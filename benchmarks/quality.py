@@ -208,21 +208,6 @@ def encode(rag, texts, cfg):
     return rag.encode_queries(texts)
 
 
-def subset_queries(enc: EncodedQueries, rows) -> EncodedQueries:
-    """The questions ``rows`` (positions) of a batch, entities renumbered."""
-    rows = [int(r) for r in rows]
-    remap = {old: new for new, old in enumerate(rows)}
-    owner = enc.entity_owner.cpu().tolist()
-    keep = [j for j, o in enumerate(owner) if o in remap]
-    keep_t = torch.tensor(keep, dtype=torch.int64, device=enc.entity_emb.device)
-    return EncodedQueries(
-        enc.query_emb[torch.tensor(rows, dtype=torch.int64, device=enc.query_emb.device)],
-        enc.entity_emb.index_select(0, keep_t) if keep else enc.entity_emb[:0],
-        torch.tensor([remap[owner[j]] for j in keep], dtype=torch.int64, device=enc.entity_owner.device),
-        [enc.entity_text[j] for j in keep],
-    )
-
-
 def run_dense(rag, enc: EncodedQueries, k: int):
     emb = rag.index.passage_emb.to(rag.device)
     q = enc.query_emb.to(rag.device)
@@ -277,7 +262,7 @@ def compare_backends(rag, enc, cfg, torch_out: Retrieved, scipy_out: Retrieved, 
     if bad:
         P = rag.index.num_passages
         full = cfg.replace(top_k=P)
-        sub = subset_queries(enc, bad)
+        sub = enc.select(bad)
         tt = rag.retrieve(sub, full, backend="torch")
         ss = rag.retrieve(sub, full, backend="scipy")
         seeds_t, seeds_s = _seed_sets(rag, sub, full)
@@ -606,7 +591,7 @@ def run_dataset(args, data: Path, write: bool = True) -> dict:
             t0 = time.perf_counter()
             r.graph.ppr_graph(cfg.adjacent_passages)
             e, _ = queries_for(entry, cfg)
-            r.retrieve(subset_queries(e, [0]), cfg)  # warm-up, not counted in any system's time
+            r.retrieve(e.select([0]), cfg)  # warm-up, not counted in any system's time
             entry["graph_prepare_s"] = time.perf_counter() - t0
         return entry["graph_prepare_s"]
 

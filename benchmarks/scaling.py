@@ -32,7 +32,7 @@ from benchmarks.common import (  # noqa: E402
 )
 from linearrag_torch import reference  # noqa: E402
 from linearrag_torch.config import IndexConfig, RetrievalConfig  # noqa: E402
-from linearrag_torch.engine import DeviceGraph, retrieve, slice_queries  # noqa: E402
+from linearrag_torch.engine import DeviceGraph, retrieve  # noqa: E402
 from linearrag_torch.synthetic import (  # noqa: E402
     index_from_mentions, random_embeddings, random_mentions, random_queries,
 )
@@ -236,14 +236,14 @@ def _time_torch_calls(graph, index, batch: int, cfg, device, min_questions: int,
         q = random_queries(index, batch, seed=seed)
         sync(device)
         t = time.perf_counter()
-        retrieve(graph, slice_queries(q, 0, chunk), cfg)
+        retrieve(graph, q.slice(0, chunk), cfg)
         sync(device)
         if (time.perf_counter() - t) * n_chunks <= max_call_s:  # the whole batch fits: time it whole
             n_chunks = 0
     if n_chunks > 2:
         times = []
         for c in range(n_chunks):  # chunk by chunk, until the time limit (then extrapolate)
-            sub = slice_queries(q, c * chunk, min(batch, (c + 1) * chunk))
+            sub = q.slice(c * chunk, min(batch, (c + 1) * chunk))
             sync(device)
             t, tc = time.perf_counter(), time.process_time()
             with meter:

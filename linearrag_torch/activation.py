@@ -1,8 +1,8 @@
 """Stage 1, entity activation by semantic bridging (eqs. 3-5), batched over B questions.
 
 The state is dense (entities x B); nothing of size (sentences x B) is formed: sigma (eq. 4) is computed
-for the (sentence, question) pairs a step visits (see kernels/), so ``sigma`` arguments are either a
-dense [S, B] tensor (small tests) or the pair (sentence_emb, query_emb).
+for the (sentence, question) pairs a step visits (see kernels/), so a ``sigma`` argument is always the
+pair (sentence_emb [S, D], query_emb [B, D]) (testing.sigma_pair writes a dense [S, B] sigma so).
 See docs/METHOD.md for the exact semantics of both modes.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch
 
 from . import kernels
 from .config import RetrievalConfig
+from .sparse import ColumnEntries
 
 
 @dataclass
@@ -107,32 +108,37 @@ def propagate_paper(M, MT, sigma, seeds, is_seed, cfg: RetrievalConfig) -> Activ
 
 
 @dataclass
-class ActivePairs:
-    """Stage 1's result as index lists over the active (entity, question) pairs of a batch (tier >= 1):
-    keys = e * batch + b (sorted, unique) with the Activation fields at those pairs. Everything else is
+class ActivePairs(ColumnEntries):
+    """Stage 1's result over the active (entity, question) pairs of a batch (tier >= 1), sorted by
+    (entity, question): a ColumnEntries of shape (E, B) with row = entity, col = question, val = act
+    (Activation.act at those pairs) and the other Activation fields beside it. Everything else is
     inactive (act = reset = 0, tier = 0), so eq. 7 and the PageRank reset need only these."""
 
-    keys: torch.Tensor  # int64
-    act: torch.Tensor
     tier: torch.Tensor  # int64, >= 1
     reset: torch.Tensor
-    batch: int
     steps: int = 0
 
-    def dense(self, num_entities: int) -> Activation:
+    @staticmethod
+    def from_keys(keys: torch.Tensor, act, tier, reset, shape: tuple, steps: int = 0) -> "ActivePairs":
+        """From keys = e * B + b (sorted, unique), the form the activation loops merge on."""
+        B = shape[1]
+        return ActivePairs(keys // B, keys % B, act, tuple(shape), tier, reset, steps)
+
+    def dense(self) -> Activation:
         """The [E, B] tensors of Activation."""
-        n = num_entities * self.batch
+        E, B = self.shape
+        keys = self.row * B + self.col
 
         def spread(v):
-            return torch.zeros(n, dtype=v.dtype, device=v.device).index_copy_(0, self.keys, v).view(num_entities, self.batch)
+            return torch.zeros(E * B, dtype=v.dtype, device=v.device).index_copy_(0, keys, v).view(E, B)
 
-        return Activation(act=spread(self.act), tier=spread(self.tier), reset=spread(self.reset), steps=self.steps)
+        return Activation(act=spread(self.val), tier=spread(self.tier), reset=spread(self.reset), steps=self.steps)
 
     @staticmethod
-    def from_dense(a: Activation) -> "ActivePairs":
-        B = a.tier.shape[1]
+    def from_activation(a: Activation) -> "ActivePairs":
         keys = torch.nonzero(a.tier.reshape(-1) > 0).flatten()
-        return ActivePairs(keys, a.act.reshape(-1)[keys], a.tier.reshape(-1)[keys], a.reset.reshape(-1)[keys], B, a.steps)
+        return ActivePairs.from_keys(keys, a.act.reshape(-1)[keys], a.tier.reshape(-1)[keys], a.reset.reshape(-1)[keys],
+                                     tuple(a.tier.shape), a.steps)
 
 
 def propagate_reference_pairs(M_crow, M_col, MT_crow, MT_col, sigma, seed_keys: torch.Tensor, seed_vals: torch.Tensor,
@@ -144,6 +150,7 @@ def propagate_reference_pairs(M_crow, M_col, MT_crow, MT_col, sigma, seed_keys: 
     candidates >= delta add to its accumulated weight and re-activate it (score = largest candidate,
     tier = t + 1). The state lives on the active pairs only (seed_keys = e * B + b sorted, as from
     seed_pairs): the frontier, the used sentences and the scores are index lists, no [E, B] / [S, B] tensor.
+    E (the result's shape) is MT's row count.
     """
     device = seed_vals.device
     keys, score, weight = seed_keys, seed_vals.clone(), seed_vals.clone()
@@ -180,4 +187,4 @@ def propagate_reference_pairs(M_crow, M_col, MT_crow, MT_col, sigma, seed_keys: 
         tier = tier.new_zeros(merged.numel()).index_copy_(0, old_at, tier).index_fill_(0, new_at, t + 1)
         keys = merged
         e_idx, b_idx, f = flat // B, flat % B, new
-    return ActivePairs(keys, score, tier, weight, B, steps)
+    return ActivePairs.from_keys(keys, score, tier, weight, (MT_crow.numel() - 1, B), steps)

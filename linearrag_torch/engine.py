@@ -19,8 +19,9 @@ from .activation import Activation, ActivePairs, dense_seeds, propagate_paper, p
 from .config import RetrievalConfig
 from .index import TriGraphIndex
 from .memory import default_memory_budget
-from .pagerank import ColumnEntries, PPRGraph, passage_reset_entries, personalized_pagerank
+from .pagerank import PPRGraph, passage_reset_entries, personalized_pagerank
 from .queries import EncodedQueries, Retrieved
+from .sparse import ColumnEntries
 
 # bytes of working memory one question needs (see DeviceGraph.bytes_per_question): per passage, the
 # [P, B] float32 state (cosines, eq. 7 terms, the PageRank reset, iterate and buffer, scores, top-k);
@@ -125,15 +126,15 @@ def activate_pairs(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalCo
     """Eqs. 3-5 for a batch, as index lists: (seed keys, seed values, ActivePairs); keys = e * B + b.
     Sigma (eq. 4) is computed lazily from (sentence_emb, query_emb) for the (sentence, question) pairs
     the activation visits. Only paper mode forms dense [E, B] state."""
-    B = queries.batch_size
+    B, E = queries.batch_size, graph.entity_emb.shape[0]
     known = queries.entity_rows if queries.rows_of is graph.index else None  # stored vectors' rows (pipeline.py)
     keys, vals = seed_pairs(graph.entity_emb, queries.entity_emb, queries.entity_owner, B, known)
     sigma = (graph.sentence_emb, queries.query_emb)
     if not cfg.use_activation:
-        act = ActivePairs(keys, vals, torch.ones_like(keys), vals, B)
+        act = ActivePairs.from_keys(keys, vals, torch.ones_like(keys), vals, (E, B))
     elif cfg.mode == "paper":
-        seeds, is_seed = dense_seeds(keys, vals, graph.entity_emb.shape[0], B)
-        act = ActivePairs.from_dense(propagate_paper(graph.M, graph.MT, sigma, seeds, is_seed, cfg))
+        seeds, is_seed = dense_seeds(keys, vals, E, B)
+        act = ActivePairs.from_activation(propagate_paper(graph.M, graph.MT, sigma, seeds, is_seed, cfg))
     else:
         act = propagate_reference_pairs(graph.M_crow, graph.M_col, graph.MT_crow, graph.MT_col, sigma, keys, vals, B, cfg)
     return keys, vals, act
@@ -157,7 +158,7 @@ def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, 
     chunk = graph.questions_per_chunk(memory_budget, cfg)
     if B <= chunk:
         return _retrieve_chunk(graph, queries, cfg, trace)
-    parts = [_retrieve_chunk(graph, slice_queries(queries, b, min(b + chunk, B)), cfg, trace)
+    parts = [_retrieve_chunk(graph, queries.slice(b, min(b + chunk, B)), cfg, trace)
              for b in range(0, B, chunk)]
     outs = [p[0] for p in parts] if trace else parts
     out = Retrieved(torch.cat([o.indices for o in outs]), torch.cat([o.scores for o in outs]))
@@ -172,17 +173,6 @@ def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, 
                       torch.cat([t.dense for t in trs]))
 
 
-def slice_queries(queries: EncodedQueries, start: int, stop: int) -> EncodedQueries:
-    """Questions start .. stop - 1 of a batch, with their entities (owners renumbered from 0)."""
-    own = queries.entity_owner
-    mask = (own >= start) & (own < stop)
-    keep = torch.nonzero(mask).flatten().tolist() if queries.entity_text else []
-    return EncodedQueries(
-        queries.query_emb[start:stop], queries.entity_emb[mask], own[mask] - start,
-        [queries.entity_text[i] for i in keep],
-    )
-
-
 def _retrieve_chunk(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool):
     B = queries.batch_size
     P, E = graph.passage_emb.shape[0], graph.entity_emb.shape[0]
@@ -190,7 +180,7 @@ def _retrieve_chunk(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalC
     sim = graph.passage_emb @ queries.query_emb.T  # [P, B]
     seed_keys, seed_vals, act = activate_pairs(graph, queries, cfg)
     # the active (entity, question) pairs: eq. 7's sum and the PageRank reset are nonzero only there
-    e, b = act.keys // B, act.keys % B
+    e, b = act.row, act.col
     use_graph = torch.zeros(B, dtype=torch.bool, device=graph.device)
     use_graph[b] = True  # a question without a seed (so nothing active) is answered by dense retrieval
     g = torch.nonzero(use_graph).flatten()
@@ -203,7 +193,7 @@ def _retrieve_chunk(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalC
             bg, sim_g = col[b], sim.index_select(1, g)
         else:
             bg, sim_g = b, sim
-        reset_p = passage_reset_entries(sim_g, graph.N_logT, ColumnEntries(e, bg, act.act / act.tier.to(sim.dtype), (E, n)),
+        reset_p = passage_reset_entries(sim_g, graph.N_logT, ColumnEntries(e, bg, act.val / act.tier.to(sim.dtype), (E, n)),
                                         cfg)
         if cfg.use_ppr:
             # the entity reset is nonzero only at active pairs (seeds and triggered entities)
@@ -221,5 +211,5 @@ def _retrieve_chunk(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalC
     idx, vals = kernels.topk_columns(scores, k)  # best first, ties to the lowest row
     out = Retrieved(idx, vals)
     if trace:
-        return out, Trace(*dense_seeds(seed_keys, seed_vals, E, B), act.dense(E), ~use_graph)
+        return out, Trace(*dense_seeds(seed_keys, seed_vals, E, B), act.dense(), ~use_graph)
     return out

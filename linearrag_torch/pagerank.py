@@ -9,7 +9,7 @@ import torch
 
 from . import kernels
 from .config import RetrievalConfig
-from .sparse import Csr
+from .sparse import ColumnEntries, Csr
 
 
 def minmax(x: torch.Tensor) -> torch.Tensor:
@@ -17,22 +17,6 @@ def minmax(x: torch.Tensor) -> torch.Tensor:
     lo = x.min(dim=0, keepdim=True).values
     span = x.max(dim=0, keepdim=True).values - lo
     return torch.where(span > 0, (x - lo) / torch.where(span > 0, span, torch.ones_like(span)), torch.zeros_like(x))
-
-
-@dataclass
-class ColumnEntries:
-    """The nonzero entries of a mostly-zero [rows, B] matrix as index lists (row, col, val): the entity
-    side of a batch (a question activates a handful of entities), without a dense [E, B] pass."""
-
-    row: torch.Tensor  # int64
-    col: torch.Tensor  # int64
-    val: torch.Tensor
-    shape: tuple
-
-    @staticmethod
-    def from_dense(x: torch.Tensor) -> "ColumnEntries":
-        r, c = torch.nonzero(x, as_tuple=True)  # NaN counts as nonzero: the consumers clean values
-        return ColumnEntries(r, c, x[r, c], tuple(x.shape))
 
 
 def passage_reset_entries(sim: torch.Tensor, N_logT: Csr, act_over_tier: ColumnEntries, cfg: RetrievalConfig):

@@ -30,6 +30,25 @@ class EncodedQueries:
     def batch_size(self) -> int:
         return int(self.query_emb.shape[0])
 
+    def select(self, rows) -> "EncodedQueries":
+        """The questions at positions ``rows`` (distinct, in that order), with their entities in their
+        order here and owners renumbered from 0. The stored-vector rows (entity_rows) are not carried:
+        the selection's seeds are found by the full scan."""
+        rows = [int(r) for r in rows]
+        new = torch.full((self.batch_size,), -1, dtype=torch.int64, device=self.entity_owner.device)
+        new[torch.tensor(rows, dtype=torch.int64, device=new.device)] = torch.arange(len(rows), device=new.device)
+        owner = new[self.entity_owner]
+        keep = torch.nonzero(owner >= 0).flatten()
+        return EncodedQueries(
+            self.query_emb.index_select(0, torch.tensor(rows, dtype=torch.int64, device=self.query_emb.device)),
+            self.entity_emb.index_select(0, keep.to(self.entity_emb.device)), owner[keep],
+            [self.entity_text[i] for i in keep.tolist()] if self.entity_text else [],
+        )
+
+    def slice(self, start: int, stop: int) -> "EncodedQueries":
+        """Questions start .. stop - 1 (see select)."""
+        return self.select(range(start, stop))
+
     def to(self, device) -> "EncodedQueries":
         return EncodedQueries(
             self.query_emb.to(device), self.entity_emb.to(device), self.entity_owner.to(device), self.entity_text,

@@ -4,6 +4,7 @@ compare the engine's index-list and fused forms with. Nothing in the library's q
 
 | here | the live form it checks |
 |---|---|
+| sigma_pair (a dense [S, B] sigma as (sentence_emb, query_emb)) | the activation's sigma argument |
 | seed_entities (dense [E, B] seeds, eq. 3) | activation.seed_pairs |
 | propagate_reference (dense [E, B] in and out) | activation.propagate_reference_pairs |
 | passage_reset (eq. 7 from dense act/tier) | pagerank.passage_reset_entries |
@@ -16,8 +17,14 @@ import torch
 
 from .activation import Activation, dense_seeds, propagate_reference_pairs, seed_pairs
 from .config import RetrievalConfig
-from .pagerank import ColumnEntries, PPRGraph, StepObserver, _finish_reset, passage_reset_entries
-from .sparse import Csr
+from .pagerank import PPRGraph, StepObserver, _finish_reset, passage_reset_entries
+from .sparse import ColumnEntries, Csr
+
+
+def sigma_pair(sigma: torch.Tensor):
+    """A dense [S, B] sigma in the one form the activation takes, (sentence_emb, query_emb):
+    (sigma, I_B), whose dot products are sigma's entries exactly."""
+    return sigma, torch.eye(sigma.shape[1], dtype=sigma.dtype, device=sigma.device)
 
 
 def seed_entities(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, owner: torch.Tensor, batch: int):
@@ -32,10 +39,10 @@ def seed_entities(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, owne
 
 def propagate_reference(M_crow, M_col, MT_crow, MT_col, sigma, seeds, is_seed, cfg: RetrievalConfig) -> Activation:
     """propagate_reference_pairs on dense [E, B] seeds (seeds where is_seed); returns dense Activation."""
-    E, B = seeds.shape
+    B = seeds.shape[1]
     keys = torch.nonzero(is_seed.reshape(-1)).flatten()
     out = propagate_reference_pairs(M_crow, M_col, MT_crow, MT_col, sigma, keys, seeds.reshape(-1)[keys], B, cfg)
-    return out.dense(E)
+    return out.dense()
 
 
 def passage_reset(sim: torch.Tensor, N_log, act: torch.Tensor, tier: torch.Tensor, cfg: RetrievalConfig,

@@ -59,3 +59,17 @@ def test_bytes_per_question_counts_what_each_mode_keeps():
     assert rows < E
     assert graph.bytes_per_question(ref) == engine.BYTES_PER_PASSAGE * P + engine.BYTES_PER_WALK_ROW * rows
     assert graph.bytes_per_question(paper) == graph.bytes_per_question(ref) + engine.BYTES_PER_ENTITY_PAPER * E
+
+
+def test_select_and_slice_take_questions_with_their_entities():
+    queries = random_queries(random_index(30, 40, dim=8, seed=3), 7, seed=5)
+    own = queries.entity_owner.tolist()
+    sub = queries.select([5, 2])
+    assert torch.equal(sub.query_emb, queries.query_emb[[5, 2]])
+    keep = [j for j, o in enumerate(own) if o in (5, 2)]  # entities in their order, owners renumbered
+    assert sub.entity_owner.tolist() == [{5: 0, 2: 1}[own[j]] for j in keep]
+    assert torch.equal(sub.entity_emb, queries.entity_emb[keep]) and sub.entity_text == [queries.entity_text[j] for j in keep]
+    part = queries.slice(2, 5)
+    keep = [j for j, o in enumerate(own) if 2 <= o < 5]
+    assert torch.equal(part.query_emb, queries.query_emb[2:5]) and part.entity_owner.tolist() == [own[j] - 2 for j in keep]
+    assert queries.slice(3, 3).batch_size == 0

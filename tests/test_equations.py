@@ -10,7 +10,7 @@ from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.kernels import top_k_per_segment
 from linearrag_torch.pagerank import PPRGraph, minmax, personalized_pagerank
 from linearrag_torch.sparse import Csr
-from linearrag_torch.testing import passage_reset, propagate_reference, seed_entities
+from linearrag_torch.testing import passage_reset, propagate_reference, seed_entities, sigma_pair
 
 # sentences: s0 = {e0, e1}, s1 = {e1, e2}, s2 = {e2}
 M = Csr.from_rows([[0, 1], [1, 2], [2]], 3)
@@ -43,7 +43,7 @@ def test_seed_with_negative_cosine_is_still_a_seed():
 def _paper(delta=0.4, iters=3):
     seeds = torch.tensor([[0.9], [0.0], [0.0]])
     cfg = RetrievalConfig(mode="paper", delta=delta, max_iterations=iters)
-    return propagate_paper(M.torch(), MT.torch(), SIGMA, seeds, seeds > 0, cfg)
+    return propagate_paper(M.torch(), MT.torch(), sigma_pair(SIGMA), seeds, seeds > 0, cfg)
 
 
 def test_paper_propagation_two_steps_by_hand():
@@ -69,7 +69,7 @@ def test_paper_threshold_prunes_and_stops_early():
 
 def _reference(seeds, sigma, delta=0.4, iters=3, k=1):
     cfg = RetrievalConfig(mode="reference", delta=delta, max_iterations=iters, top_k_sentence=k)
-    return propagate_reference(M.crow, M.col, MT.crow, MT.col, sigma, seeds, seeds > 0, cfg)
+    return propagate_reference(M.crow, M.col, MT.crow, MT.col, sigma_pair(sigma), seeds, seeds > 0, cfg)
 
 
 def test_reference_mode_trace_by_hand():

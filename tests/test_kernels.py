@@ -17,7 +17,7 @@ from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.pagerank import PPRGraph
 from linearrag_torch.sparse import Csr
 from linearrag_torch.synthetic import random_index
-from linearrag_torch.testing import passage_reset, ppr_step_reference
+from linearrag_torch.testing import passage_reset, ppr_step_reference, sigma_pair
 
 
 def _graph(seed=0, P=30, E=40, adjacent=False, dangling=True):
@@ -84,7 +84,7 @@ def test_segment_topk_sigma_matches_brute_force(k, lazy):
     rows = torch.randint(0, 30, (25,), generator=gen)
     qcols = torch.randint(0, B, (25,), generator=gen)
     used = torch.unique(torch.randint(0, index.num_sentences * B, (20,), generator=gen))
-    arg = (index.sentence_emb, q) if lazy else sigma
+    arg = (index.sentence_emb, q) if lazy else sigma_pair(sigma)
     got = kernels.segment_topk_sigma(MT.crow, MT.col, rows, qcols, arg, used, B, k)
     if lazy:  # the brute force sees the very values the lazy path computes
         ss, bb = torch.meshgrid(torch.arange(index.num_sentences), torch.arange(B), indexing="ij")
@@ -125,7 +125,7 @@ def test_propagate_step_equals_the_matrix_form(delta):
     sigma = torch.rand(index.num_sentences, 3, generator=gen) * 2 - 0.5
     y = MT @ (sigma * (M @ (a * (a >= delta))))
     want = torch.maximum(y * (y >= delta), a)
-    torch.testing.assert_close(kernels.propagate_step(M, MT, a, sigma, delta), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(kernels.propagate_step(M, MT, a, sigma_pair(sigma), delta), want, rtol=1e-5, atol=1e-6)
 
 
 def test_sparse_passage_reset_equals_the_spmm_form():

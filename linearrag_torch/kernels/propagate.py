@@ -20,7 +20,7 @@ def propagate_step(M: torch.Tensor, MT: torch.Tensor, a: torch.Tensor, sigma, de
         y  = Mᵀ (sigma ⊙ x)                   [E, B]
         a' = max(y ⊙ [y >= delta], a)         (element-wise; an entity y does not reach has y = 0)
 
-    ``sigma`` is a dense [S, B] tensor or (sentence_emb, query_emb) (see gather_sigma). Returns a' (new tensor).
+    ``sigma`` is (sentence_emb, query_emb) (see gather_sigma). Returns a' (new tensor).
     """
     E, B = a.shape
     a_new = a.clamp(min=0)  # untouched entries: max(0 ⊙ [0 >= delta], a) = max(0, a)

@@ -2,7 +2,7 @@
 
 For every frontier pair (entity e, question b) the candidates are the CSR row e of Mᵀ (the sentences
 that mention e). Unfused, torch expands every row into (pair, sentence) entries, gathers sigma for
-each (from a dense [S, B] sigma, or a dot product per entry), tests membership in the used set,
+each (a dot product per entry), tests membership in the used set,
 and sorts everything twice. The Triton kernel (kernels/triton/segment_topk.py) walks each row in
 blocks, computes sigma as a dot product on the fly, looks the used set up by binary search and keeps
 the running best in registers: nothing of size (entries x D) or [S, B] is materialised.
@@ -28,11 +28,9 @@ def segment_positions(crow: torch.Tensor, rows: torch.Tensor):
 
 
 def gather_sigma(sigma, s: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 16) -> torch.Tensor:
-    """sigma[s, b] for index vectors s, b. ``sigma`` is a dense [S, B] tensor, or a pair
-    (sentence_emb [S, D], query_emb [B, D]), in which case sigma[s, b] = <sentence_emb[s], query_emb[b]>
-    (eq. 4) is computed for the asked pairs only, ``chunk`` pairs at a time."""
-    if isinstance(sigma, torch.Tensor):
-        return sigma[s, b]
+    """sigma[s, b] for index vectors s, b. ``sigma`` is the pair (sentence_emb [S, D], query_emb [B, D]):
+    sigma[s, b] = <sentence_emb[s], query_emb[b]> (eq. 4) is computed for the asked pairs only, ``chunk``
+    pairs at a time (testing.sigma_pair writes a dense [S, B] sigma in this form)."""
     sentence_emb, query_emb = sigma
     out = torch.empty(s.numel(), dtype=sentence_emb.dtype, device=sentence_emb.device)
     for i in range(0, s.numel(), chunk):
@@ -49,12 +47,12 @@ def segment_topk_sigma(crow: torch.Tensor, col: torch.Tensor, rows: torch.Tensor
                  among those whose key s * batch + q is not in ``used`` (a sorted int64 tensor);
                  NONE (-1) where the row has fewer than k such columns.
 
-    ``sigma`` is a dense [S, B] tensor or (sentence_emb, query_emb) as in gather_sigma. Returns [n, k] int64.
+    ``sigma`` is (sentence_emb, query_emb) as in gather_sigma. Returns [n, k] int64.
     """
     n = rows.numel()
     if n == 0:
         return torch.full((0, k), NONE, dtype=torch.int64, device=rows.device)
-    if use_triton(rows) and not isinstance(sigma, torch.Tensor):
+    if use_triton(rows):
         from .triton import segment_topk as triton_segment_topk
 
         return triton_segment_topk.segment_topk_sigma(crow, col, rows, qcols, sigma[0], sigma[1], used, batch, k)
