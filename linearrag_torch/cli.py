@@ -8,41 +8,26 @@ import sys
 import time
 from pathlib import Path
 
-from .config import IndexConfig, RetrievalConfig
-
-SETTINGS = (  # flag, RetrievalConfig field, type, help
-    ("--mode", "mode", str, "activation: 'paper' (eq. 5 as written) or 'reference' (the reference code's BFS)"),
-    ("--max-iterations", "max_iterations", int, "activation loop runs while t < this (3 = two hops)"),
-    ("--delta", "delta", float, "activation threshold (reference: iteration_threshold)"),
-    ("--lam", "lam", float, "lambda of eq. 7, weight of dense similarity (reference: passage_ratio)"),
-    ("--damping", "damping", float, "PageRank damping"),
-    ("--top-k-sentence", "top_k_sentence", int, "reference mode: sentences each active entity expands per step"),
-    ("--passage-node-weight", "passage_node_weight", float, "W_p of eq. 7"),
-    ("--ppr-tol", "ppr_tol", float, "power-iteration tolerance (L1 change per question)"),
-    ("--ppr-max-iter", "ppr_max_iter", int, "power-iteration cap"),
-    ("--chain-passages", "chain_passages", int, "first-round passages that seed a second round (0: one round)"),
-)
+from .config import IndexConfig, RetrievalConfig, add_flags
 
 
 def _add_settings(p: argparse.ArgumentParser, stored: bool) -> None:
+    """The RetrievalConfig flags (config.py holds each one's help). Left out, a flag keeps the stored
+    value (query, answer) or the library's default (index): the flags default to None either way."""
     g = p.add_argument_group(
         "retrieval settings",
         "default: " + ("the values stored with the index" if stored else "the library's (docs/QUALITY.md; see --reference-code)"),
     )
-    for flag, field, typ, text in SETTINGS:
-        kw = {"choices": ("paper", "reference")} if field == "mode" else {}
-        g.add_argument(flag, dest=field, type=typ, default=None, help=f"{text} (default {getattr(RetrievalConfig(), field)})" if not stored else text, **kw)
-    g.add_argument("--adjacent-passages", dest="adjacent_passages", action="store_true", default=None,
-                   help="link passage i to i+1 (only for consecutive chunks of one document)")
-    g.add_argument("--lexicon-seeds", dest="lexicon_seeds", action=argparse.BooleanOptionalAction, default=None,
-                   help="also find question entities by matching the index's entity strings")
+    # query and answer have their own --top-k (per call, not stored)
+    names = add_flags(g, RetrievalConfig, unset_none=True, show_defaults=not stored, skip=("top_k",) if stored else ())
+    p.set_defaults(retrieval_fields=names)
     g.add_argument("--reference-code", action="store_true",
-                   help="start from the reference code's settings (lam 0.05, damping 0.5, no lexicon seeds)")
+                   help="start from the reference code's settings (lam 0.05, damping 0.5, no lexicon seeds, one round)")
 
 
 def _settings(args) -> dict:
-    fields = [f for _, f, _, _ in SETTINGS] + ["adjacent_passages", "lexicon_seeds"]
-    return {f: getattr(args, f) for f in fields}
+    """The RetrievalConfig fields given as flags (None: not given)."""
+    return {name: getattr(args, name) for name in args.retrieval_fields}
 
 
 def _retrieval_config(args, base: RetrievalConfig) -> RetrievalConfig:
@@ -83,12 +68,8 @@ def parser() -> argparse.ArgumentParser:
                        description="Sentence split, NER and encode every passage; write the Tri-Graph index to INDEX_DIR.")
     p.add_argument("corpus", metavar="CORPUS.jsonl", help='one JSON object per line: "text", optional "id" and "title"')
     p.add_argument("index_dir", metavar="INDEX_DIR")
-    p.add_argument("--no-title-entities", dest="title_entities", action="store_false",
-                   help="do not make each passage title an entity of its passage (the reference code has none)")
-    p.add_argument("--spacy-model", default=IndexConfig.spacy_model, help="spaCy package name or folder (default %(default)s)")
-    p.add_argument("--encoder", default=IndexConfig.encoder, help="packaged all-MiniLM-L6-v2 or a local sentence-transformers folder (default %(default)s)")
-    p.add_argument("--batch-size", type=int, default=IndexConfig.batch_size, help="encoder batch (default %(default)s)")
-    p.add_argument("--processes", type=int, default=0, help="spaCy processes (default 0: from the cores)")
+    p.set_defaults(index_fields=add_flags(p.add_argument_group("index settings", "stored with the index (config.IndexConfig)"),
+                                          IndexConfig))
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _device_arg(p)
     _add_settings(p, stored=False)
@@ -133,9 +114,9 @@ def parser() -> argparse.ArgumentParser:
                                     "page at /docs. SIGTERM answers the requests in flight, then exits 0.")
     sv.add_argument("index_dir", metavar="INDEX_DIR")
     from .generation import add_llm_flags
-    from .serve.settings import add_flags
+    from .serve.settings import add_flags as add_serve_flags
 
-    add_flags(sv)
+    add_serve_flags(sv)
     add_llm_flags(sv)  # optional: POST /v1/answer needs a chat model
 
     an = sub.add_parser("answer", help="answer questions with a chat model from the retrieved passages",
@@ -173,8 +154,7 @@ def cmd_index(args) -> int:
 
     t0 = time.perf_counter()
     cfg = _retrieval_config(args, RetrievalConfig())
-    icfg = IndexConfig(spacy_model=args.spacy_model, encoder=args.encoder, batch_size=args.batch_size,
-                       n_process=args.processes, title_entities=args.title_entities)
+    icfg = IndexConfig(**{name: getattr(args, name) for name in args.index_fields})
     from contextlib import nullcontext
 
     from .index import index_lock

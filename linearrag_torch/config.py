@@ -2,13 +2,24 @@
 
 Names follow docs/METHOD.md, "The reference code's settings": ``delta`` is the reference code's iteration_threshold,
 ``lam`` its passage_ratio (lambda of eq. 7), ``passage_node_weight`` is W_p of eq. 7.
+
+Each field carries its help text (``_f(default, help)``); ``add_flags`` makes the command-line flags of
+`linearrag index / query / answer` from them, so a new setting is one field here (plus its check in
+``validate``) and gets its flag, its --help line, storage in the index and per-call overrides for free.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from dataclasses import dataclass, field, fields
 
 MODES = ("paper", "reference")
+
+
+def _f(default, help: str, **meta):
+    """A field with its help text; ``meta``: flag (its name when not --field-name), type (of the flag's
+    value), choices."""
+    return field(default=default, metadata={"help": help, **meta})
 
 
 @dataclass
@@ -22,29 +33,30 @@ class RetrievalConfig:
     settings exactly (pair it with an index built with title_entities=False).
     """
 
-    mode: str = "reference"  # "paper" (eq. 5 as written) or "reference" (the reference code's BFS)
-    max_iterations: int = 3  # the loop runs while t < max_iterations: 3 -> 2 propagation steps
-    delta: float = 0.4  # activation threshold (dynamic pruning)
-    lam: float = 1.0  # lambda of eq. 7: weight of the dense similarity in the passage reset
-    damping: float = 0.7  # PPR damping d: probability of following an edge
-    top_k_sentence: int = 1  # reference mode: unused sentences an active entity expands per step
-    passage_node_weight: float = 0.05  # W_p of eq. 7
-    top_k: int = 5  # passages returned per question
-    ppr_tol: float = 1e-6  # a question's power iteration stops when its L1 change falls below this
-                           # (float32 rounding puts the floor near 1e-7)
-    ppr_max_iter: int = 200
-    adjacent_passages: bool = False  # link passage i to i+1 (only for consecutive chunks of one text)
-    lexicon_seeds: bool = True  # also take question entities by matching the index's entity strings
-    use_activation: bool = True  # ablation switch: False keeps the seeds only (no propagation)
-    use_ppr: bool = True  # ablation switch: False ranks passages by their eq. 7 reset weight
-    # second round following the chain one more hop (chain.py; docs/QUALITY.md): 0 = off (one round), else
-    # the first round's top passages whose most question-like sentences' entities seed a second round
-    chain_passages: int = 2
-    chain_sentences: int = 2  # sentences per such passage (by eq. 4's sigma) whose entities become seeds
-    chain_weight: float = 2.0  # scale of those seeds' scores (share of the top score x sigma x this)
-    chain_keep: int = 1  # passages of each round kept ahead of the next round's ranking
-    chain_rounds: int = 1  # rounds after the first, each seeded from the one before
-    chain_passage_weight: float = 1.0  # W_p of eq. 7 in the later rounds
+    mode: str = _f("reference", "activation: 'paper' (eq. 5 as written) or 'reference' (the reference code's BFS)",
+                   choices=MODES)
+    max_iterations: int = _f(3, "activation loop runs while t < this (3 = two hops)")
+    delta: float = _f(0.4, "activation threshold, dynamic pruning (reference: iteration_threshold)")
+    lam: float = _f(1.0, "lambda of eq. 7, weight of dense similarity in the passage reset (reference: passage_ratio)")
+    damping: float = _f(0.7, "PageRank damping d: probability of following an edge")
+    top_k_sentence: int = _f(1, "reference mode: unused sentences each active entity expands per step")
+    passage_node_weight: float = _f(0.05, "W_p of eq. 7")
+    top_k: int = _f(5, "passages returned per question")
+    # (float32 rounding puts the floor of ppr_tol near 1e-7)
+    ppr_tol: float = _f(1e-6, "power-iteration tolerance: a question stops when its L1 change falls below this")
+    ppr_max_iter: int = _f(200, "power-iteration cap")
+    adjacent_passages: bool = _f(False, "link passage i to i+1 (only for consecutive chunks of one document)")
+    lexicon_seeds: bool = _f(True, "also find question entities by matching the index's entity strings")
+    use_activation: bool = _f(True, "ablation switch: --no-use-activation keeps the seeds only (no propagation)")
+    use_ppr: bool = _f(True, "ablation switch: --no-use-ppr ranks passages by their eq. 7 reset weight")
+    # second round following the chain one more hop (chain.py; docs/QUALITY.md)
+    chain_passages: int = _f(2, "first-round passages whose most question-like sentences' entities seed a second "
+                                "round (0: one round)")
+    chain_sentences: int = _f(2, "sentences per such passage (by eq. 4's sigma) whose entities become seeds")
+    chain_weight: float = _f(2.0, "scale of those seeds' scores (share of the top score x sigma x this)")
+    chain_keep: int = _f(1, "passages of each round kept ahead of the next round's ranking")
+    chain_rounds: int = _f(1, "rounds after the first, each seeded from the one before")
+    chain_passage_weight: float = _f(1.0, "W_p of eq. 7 in the later rounds")
 
     @classmethod
     def reference_code(cls, **changes) -> "RetrievalConfig":
@@ -97,14 +109,15 @@ DROPPED_LABELS = ("ORDINAL", "CARDINAL")
 class IndexConfig:
     """How an index is built. Stored with the index so that queries use the same models."""
 
-    spacy_model: str = DEFAULT_SPACY
-    encoder: str = DEFAULT_ENCODER
-    dropped_labels: tuple = field(default=DROPPED_LABELS)
-    max_length: int = 256  # encoder truncation, in tokens
-    batch_size: int = 64  # encoder batch
-    ner_batch_size: int = 64
-    n_process: int = 0  # spaCy processes; 0 = choose from the cores
-    title_entities: bool = True  # a passage's title is an entity mentioned by each of its sentences
+    spacy_model: str = _f(DEFAULT_SPACY, "spaCy package name or folder")
+    encoder: str = _f(DEFAULT_ENCODER, "packaged all-MiniLM-L6-v2 or a local sentence-transformers folder")
+    dropped_labels: tuple = _f(DROPPED_LABELS, "NER labels that make no entity, comma-separated",
+                               type=lambda text: tuple(x.strip() for x in text.split(",") if x.strip()))
+    max_length: int = _f(256, "encoder truncation, in tokens")
+    batch_size: int = _f(64, "encoder batch")
+    ner_batch_size: int = _f(64, "spaCy batch")
+    n_process: int = _f(0, "spaCy processes (0: from the cores)", flag="--processes")
+    title_entities: bool = _f(True, "make each passage title an entity of its passage (the reference code has none)")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -119,3 +132,34 @@ class IndexConfig:
         if "dropped_labels" in kw:
             kw["dropped_labels"] = tuple(kw["dropped_labels"])
         return cls(**kw)
+
+
+def flag_name(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def add_flags(group, cls, unset_none: bool = False, show_defaults: bool = True, skip: tuple = ()) -> tuple:
+    """One flag per field of the settings dataclass ``cls`` (RetrievalConfig, IndexConfig) on an argparse
+    group, dest = the field name: booleans as --name / --no-name, the rest typed from the field; --help
+    shows each field's help (and its default with ``show_defaults``). A flag left out gives the field's
+    default, or None with ``unset_none`` (the caller keeps what it has, e.g. the settings stored with an
+    index: RetrievalConfig.replace ignores None). Returns the names of the fields given a flag."""
+    names = []
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        meta = f.metadata
+        shown = ",".join(f.default) if isinstance(f.default, tuple) else f.default
+        text = f"{meta['help']} (default {shown})" if show_defaults else meta["help"]
+        kw = {"default": None if unset_none else f.default, "help": text}
+        if isinstance(f.default, bool):
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            kw["type"] = meta.get("type") or type(f.default)
+            if "flag" in meta:
+                kw["metavar"] = meta["flag"].lstrip("-").replace("-", "_").upper()
+        if "choices" in meta:
+            kw["choices"] = meta["choices"]
+        group.add_argument(flag_name(f), dest=f.name, **kw)
+        names.append(f.name)
+    return tuple(names)

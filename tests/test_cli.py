@@ -339,3 +339,27 @@ def test_console_script_help():
     proc = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: linearrag") and "query" in proc.stdout
+
+
+def test_every_setting_is_a_flag():
+    from dataclasses import fields
+
+    from linearrag_torch.cli import _retrieval_config, parser
+    from linearrag_torch.config import RetrievalConfig
+
+    args = parser().parse_args(["query", "idx", "q", "--chain-rounds", "2", "--no-use-ppr", "--chain-weight", "1.5",
+                                "--adjacent-passages", "--no-lexicon-seeds"])
+    stored = RetrievalConfig(delta=0.3)
+    cfg = _retrieval_config(args, stored)
+    assert (cfg.chain_rounds, cfg.use_ppr, cfg.chain_weight, cfg.adjacent_passages, cfg.lexicon_seeds) == (2, False, 1.5, True, False)
+    assert cfg.delta == 0.3 and cfg.use_activation  # flags left out keep the stored values
+    names = {f.name for f in fields(RetrievalConfig)}
+    assert set(args.retrieval_fields) == names - {"top_k"}  # query's --top-k is per call
+    idx = parser().parse_args(["index", "c.jsonl", "idx", "--processes", "2", "--no-title-entities",
+                               "--dropped-labels", "ORDINAL, DATE"])
+    assert set(idx.retrieval_fields) == names and set(idx.index_fields) == {f.name for f in fields(IndexConfig)}
+    icfg = IndexConfig(**{n: getattr(idx, n) for n in idx.index_fields})
+    assert icfg == IndexConfig(n_process=2, title_entities=False, dropped_labels=("ORDINAL", "DATE"))
+    plain = parser().parse_args(["index", "c.jsonl", "idx"])
+    assert IndexConfig(**{n: getattr(plain, n) for n in plain.index_fields}) == IndexConfig()
+    assert _retrieval_config(plain, RetrievalConfig()) == RetrievalConfig()
