@@ -50,7 +50,10 @@ class _RandomEncoder:
     def __init__(self, dim: int = 384):
         self.dim, self.calls = dim, 0
 
-    def encode(self, texts, progress=False, desc=None):
+    def token_keys(self, texts):
+        return list(texts)  # texts as their own keys (encoding.TextEncoder)
+
+    def encode(self, texts, progress=False, desc=None, keys=None):
         self.calls += 1
         return random_embeddings(len(texts), self.dim, seed=self.calls)
 

@@ -7,12 +7,14 @@ Like the reference code, a sentence becomes a node only if it mentions at least 
 A build is add_passages() to an empty index: the same code appends passages to an existing index
 (only the new passages are analysed and encoded), and delete_passages() renumbers the remaining
 passages from the stored NER record with the same numbering (_Numbering).
+
+This module orchestrates and holds the graph's formulas (M, PS, C, N); the sparse operations are Csr
+methods (sparse.py), the vectors of new texts come from encoding.embed_texts, and any encoder with
+encoding.TextEncoder's three members will do.
 """
 from __future__ import annotations
 
-import hashlib
 import time
-from array import array
 from typing import Iterable, Optional, Sequence
 
 import torch
@@ -20,7 +22,7 @@ import torch
 from .config import IndexConfig, RetrievalConfig
 from .corpus import Passage, PassageId, check_new_ids
 from .counting import count_occurrences
-from .encoding import Encoder
+from .encoding import Encoder, TextEncoder, append_vectors, embed_texts
 from .index import NER_PARTS, NerRecord, TokenKeys, TriGraphIndex, passage_text
 from .nlp import analyse_passages, bind_title, load_spacy
 from .sparse import Csr
@@ -33,7 +35,7 @@ def build_index(
     device="cpu",
     progress: bool = True,
     nlp=None,
-    encoder: Optional[Encoder] = None,
+    encoder: Optional[TextEncoder] = None,
     timings: Optional[dict] = None,
 ) -> TriGraphIndex:
     """Build the index of ``passages`` on ``device``: add_passages() to an empty index.
@@ -73,7 +75,7 @@ def add_passages(
     device=None,
     progress: bool = True,
     nlp=None,
-    encoder: Optional[Encoder] = None,
+    encoder: Optional[TextEncoder] = None,
     timings: Optional[dict] = None,
 ) -> TriGraphIndex:
     """A new index: ``index`` with ``passages`` appended (``index`` itself is not changed).
@@ -114,13 +116,13 @@ def add_passages(
         clock.lap("load_encoder")
     old_keys = base.keys or TokenKeys(None, None, None)  # None: an index written without them
     old_texts = [base.passage_text(i) for i in range(base.num_passages)]
-    passage_emb, passage_keys = _embed(encoder, texts, old_texts, base.passage_emb, old_keys.passages,
+    passage_emb, passage_keys = embed_texts(encoder, texts, old_texts, base.passage_emb, old_keys.passages,
                                        progress, "embed passages")
     clock.lap("embed_passages")
-    sentence_emb, sentence_keys = _embed(encoder, g.sentences[base.num_sentences:], base.sentences,
+    sentence_emb, sentence_keys = embed_texts(encoder, g.sentences[base.num_sentences:], base.sentences,
                                          base.sentence_emb, old_keys.sentences, progress, "embed sentences")
     clock.lap("embed_sentences")
-    entity_emb, entity_keys = _embed(encoder, g.entities[base.num_entities:], base.entities, base.entity_emb,
+    entity_emb, entity_keys = embed_texts(encoder, g.entities[base.num_entities:], base.entities, base.entity_emb,
                                      old_keys.entities, progress, "embed entities")
     clock.lap("embed_entities")
 
@@ -130,9 +132,9 @@ def add_passages(
         texts=base.texts + [p.text for p in passages],
         sentences=g.sentences,
         entities=g.entities,
-        passage_emb=_cat(base.passage_emb, passage_emb),
-        sentence_emb=_cat(base.sentence_emb, sentence_emb),
-        entity_emb=_cat(base.entity_emb, entity_emb),
+        passage_emb=append_vectors(base.passage_emb, passage_emb),
+        sentence_emb=append_vectors(base.sentence_emb, sentence_emb),
+        entity_emb=append_vectors(base.entity_emb, entity_emb),
         M=M,
         C=C,
         N=N,
@@ -174,7 +176,7 @@ def delete_passages(index: TriGraphIndex, ids: Iterable[PassageId]) -> TriGraphI
     device = index.passage_emb.device
     base = index.to("cpu")
     record = base.ner if base.ner is not None else _record_from_matrices(base)
-    ents, sents, ments = (_rows(getattr(record, part)) for part in NER_PARTS)
+    ents, sents, ments = (getattr(record, part).row_lists() for part in NER_PARTS)
     g = _Numbering()
     for p in keep:
         start = int(record.sentences.crow[p])
@@ -198,7 +200,7 @@ def delete_passages(index: TriGraphIndex, ids: Iterable[PassageId]) -> TriGraphI
         entity_emb=base.entity_emb.index_select(0, entity_rows),
         M=M,
         C=C,
-        N=_submatrix(base.N, passage_rows, entity_rows),
+        N=base.N.submatrix(passage_rows, entity_rows),
         PS=PS,
         index_config=base.index_config,
         retrieval_config=base.retrieval_config,
@@ -255,14 +257,14 @@ def _graph_matrices(base: Optional[TriGraphIndex], g: _Numbering, texts: Sequenc
     m_cols = [e for ents in g.mention_rows for e in ents]
     ps_rows = [P0 + p for p, row in enumerate(g.sentence_rows) for _ in row]
     ps_cols = occ_sentence
-    M = _ones(_coo(base.M if base is not None else None, m_rows, m_cols), (S, E))
-    PS = _ones(_coo(base.PS if base is not None else None, ps_rows, ps_cols), (P0 + len(texts), S))
+    M = Csr.ones(m_rows, m_cols, (S, E), base.M if base is not None else None)
+    PS = Csr.ones(ps_rows, ps_cols, (P0 + len(texts), S), base.PS if base is not None else None)
     C = contain_weights(texts, g.entity_rows, g.entities)
-    ner = NerRecord(_ragged(g.entity_rows, E), _ragged(g.sentence_rows, S), _ragged(g.mention_rows, E))
+    ner = NerRecord(Csr.ragged(g.entity_rows, E), Csr.ragged(g.sentence_rows, S), Csr.ragged(g.mention_rows, E))
     if base is not None:
-        C = _vstack(base.C, C)
+        C = base.C.vstack(C)
         ner = None if base.ner is None else NerRecord(*(
-            _vstack(getattr(base.ner, part), getattr(ner, part)) for part in NER_PARTS
+            getattr(base.ner, part).vstack(getattr(ner, part)) for part in NER_PARTS
         ))
     return M, PS, C, ner
 
@@ -280,119 +282,16 @@ def _grow_counts(base: TriGraphIndex, new_texts: Sequence[str], entities: Sequen
     return Csr.from_coo(torch.cat(r), torch.cat(c), torch.cat(v), (P0 + len(new_texts), len(entities)))
 
 
-def token_hash(key) -> int:
-    """A stable signed 64-bit hash of a token id sequence (TokenKeys), or of a text for an encoder
-    without token_keys() (stand-ins in tests and benchmarks)."""
-    data = key.encode("utf-8", "surrogatepass") if isinstance(key, str) else array("i", key).tobytes()
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
-
-
-def _token_keys(encoder, texts: Sequence[str]) -> list:
-    fn = getattr(encoder, "token_keys", None)
-    return fn(list(texts)) if fn is not None else list(texts)
-
-
-def _embed(encoder: Encoder, texts: Sequence[str], old_texts: Sequence[str], old_emb: torch.Tensor,
-           old_hashes: Optional[torch.Tensor], progress: bool, desc: str):
-    """(vectors of the new ``texts`` on the CPU, the token hashes of old + new texts).
-
-    A new text whose token ids equal an old text's reuses its vector, as the two would share one in a
-    single build (Encoder.encode gives equal token ids one vector). Old texts are found by their stored
-    token hashes (``old_hashes``; None: tokenize the old texts once) and checked token by token.
-    """
-    texts = list(texts)
-    keys = _token_keys(encoder, texts)
-    hashes = torch.tensor([token_hash(k) for k in keys], dtype=torch.int64)
-    if old_hashes is None:
-        old_hashes = torch.tensor([token_hash(k) for k in _token_keys(encoder, old_texts)], dtype=torch.int64)
-    all_hashes = torch.cat([old_hashes.to(torch.int64).cpu(), hashes])
-    if not texts:
-        return torch.zeros(0, encoder.dim, dtype=torch.float32), all_hashes
-    known: dict = {}
-    for i, h in enumerate(old_hashes.tolist()):
-        known.setdefault(h, i)
-    found = [known.get(h) for h in hashes.tolist()]
-    matched = [j for j, i in enumerate(found) if i is not None]
-    if matched:  # a hash is no proof: compare the tokens
-        for j, old_key in zip(matched, _token_keys(encoder, [old_texts[found[j]] for j in matched])):
-            if old_key != keys[j]:
-                found[j] = None
-    out = torch.empty(len(texts), encoder.dim, dtype=torch.float32)
-    todo = [j for j, i in enumerate(found) if i is None]
-    if todo:
-        extra = {"keys": [keys[j] for j in todo]} if hasattr(encoder, "token_keys") else {}
-        out[torch.tensor(todo)] = encoder.encode([texts[j] for j in todo], progress=progress, desc=desc,
-                                                 **extra).float().cpu()
-    reused = [(j, i) for j, i in enumerate(found) if i is not None]
-    if reused:
-        out[torch.tensor([j for j, _ in reused])] = old_emb[torch.tensor([i for _, i in reused])].float().cpu()
-    return out, all_hashes
-
-
-def _cat(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    if old.shape[0] == 0:
-        return new.contiguous()
-    if old.shape[1] != new.shape[1]:
-        raise ValueError(f"the encoder gives {new.shape[1]}-d vectors, the index holds {old.shape[1]}-d")
-    return torch.cat([old, new])
-
-
-def _coo(base: Optional[Csr], rows: list, cols: list):
-    r = torch.tensor(rows, dtype=torch.int64)
-    c = torch.tensor(cols, dtype=torch.int64)
-    if base is not None:
-        r, c = torch.cat([base.row_index(), r]), torch.cat([base.col, c])
-    return r, c
-
-
-def _ones(coo, shape) -> Csr:
-    """The 0/1 matrix with ones at the given coordinates (repeats count once)."""
-    r, c = coo
-    m = Csr.from_coo(r, c, torch.ones(r.numel(), dtype=torch.float32), shape)
-    return m.with_values(torch.ones(m.nnz, dtype=torch.float32))
-
-
-def _ragged(rows: Sequence[list], ncols: int) -> Csr:
-    """Rows kept in the given order (not sorted, repeats kept): the NER record's layout."""
-    crow = torch.zeros(len(rows) + 1, dtype=torch.int64)
-    torch.cumsum(torch.tensor([len(r) for r in rows], dtype=torch.int64), 0, out=crow[1:])
-    col = torch.tensor([c for r in rows for c in r], dtype=torch.int64)
-    return Csr(crow, col, torch.ones(col.numel(), dtype=torch.float32), (len(rows), ncols))
-
-
-def _vstack(top: Csr, bottom: Csr) -> Csr:
-    """Rows of ``top`` then rows of ``bottom``, with bottom's column count (top's columns come first)."""
-    crow = torch.cat([top.crow, top.crow[-1] + bottom.crow[1:]])
-    return Csr(crow, torch.cat([top.col, bottom.col]), torch.cat([top.val, bottom.val]),
-               (top.shape[0] + bottom.shape[0], bottom.shape[1]))
-
-
-def _rows(m: Csr) -> list:
-    crow, col = m.crow.tolist(), m.col.tolist()
-    return [col[crow[r]:crow[r + 1]] for r in range(m.shape[0])]
-
-
-def _submatrix(m: Csr, rows: torch.Tensor, cols: torch.Tensor) -> Csr:
-    """m[rows][:, cols] (both index lists in increasing order of the new numbering)."""
-    row_map = torch.full((m.shape[0],), -1, dtype=torch.int64)
-    row_map[rows] = torch.arange(rows.numel())
-    col_map = torch.full((m.shape[1],), -1, dtype=torch.int64)
-    col_map[cols] = torch.arange(cols.numel())
-    r, c = row_map[m.row_index()], col_map[m.col]
-    keep = (r >= 0) & (c >= 0)
-    return Csr.from_coo(r[keep], c[keep], m.val[keep], (rows.numel(), cols.numel()))
-
-
 def _record_from_matrices(ix: TriGraphIndex) -> NerRecord:
     """A stand-in NER record for an index written without one: node order in place of mention order,
     one occurrence per PS entry, and as its entities the sentence's M row restricted to the passage's C row."""
-    c_rows, m_rows, ps_rows = _rows(ix.C), _rows(ix.M), _rows(ix.PS)
+    c_rows, m_rows, ps_rows = ix.C.row_lists(), ix.M.row_lists(), ix.PS.row_lists()
     mentions = []
     for p, row in enumerate(ps_rows):
         have = set(c_rows[p])
         mentions += [[e for e in m_rows[s] if e in have] for s in row]
-    return NerRecord(_ragged(c_rows, ix.num_entities), _ragged(ps_rows, ix.num_sentences),
-                     _ragged(mentions, ix.num_entities))
+    return NerRecord(Csr.ragged(c_rows, ix.num_entities), Csr.ragged(ps_rows, ix.num_sentences),
+                     Csr.ragged(mentions, ix.num_entities))
 
 
 def contain_weights(texts: Sequence[str], passage_entity_rows: Sequence[list], entities: Sequence[str]) -> Csr:

@@ -6,10 +6,12 @@ library. Models are read from local folders only; nothing is ever downloaded.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
+from array import array
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +24,21 @@ QUANTIZE_CHOICES = (None, "int8", "int8-all")
 QUERY_TOKEN_BUDGET = 512  # encode_token_ids: padded tokens per forward pass (rows x longest row); larger
 # passes measured slower on a 2-core CPU (their activations leave the cache)
 QUERY_MAX_ROWS = 64
+
+
+class TextEncoder(Protocol):
+    """What indexing (build.py) needs of an encoder: Encoder, or a stand-in (benchmarks/scaling.py).
+
+    token_keys(texts): one hashable key per text, equal for texts the encoder cannot tell apart (Encoder:
+    the token ids; a stand-in may return the texts themselves). encode(texts, keys=...): [n, dim] L2-normalised
+    vectors; ``keys`` are token_keys(texts) when the caller has them already."""
+
+    @property
+    def dim(self) -> int: ...
+
+    def token_keys(self, texts: Sequence[str]) -> list: ...
+
+    def encode(self, texts: Sequence[str], progress: bool = False, desc: str = "", keys=None) -> torch.Tensor: ...
 
 
 class ModelLoadError(OSError):
@@ -220,3 +237,56 @@ class Encoder:
         summed = (hidden.float() * mask).sum(dim=1)
         mean = summed / mask.sum(dim=1).clamp(min=1e-9)
         return F.normalize(mean, p=2, dim=1)
+
+
+# ---------------------------------------------------------------- indexing: new texts' vectors
+def token_hash(key) -> int:
+    """A stable signed 64-bit hash of a token id sequence (TokenKeys), or of a text (the key of a
+    stand-in encoder whose token_keys() returns the texts)."""
+    data = key.encode("utf-8", "surrogatepass") if isinstance(key, str) else array("i", key).tobytes()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
+
+
+def embed_texts(encoder: TextEncoder, texts: Sequence[str], old_texts: Sequence[str], old_emb: torch.Tensor,
+                old_hashes: Optional[torch.Tensor], progress: bool, desc: str):
+    """(vectors of the new ``texts`` on the CPU, the token hashes of old + new texts).
+
+    A new text whose token ids equal an old text's reuses its vector, as the two would share one in a
+    single build (Encoder.encode gives equal token ids one vector). Old texts are found by their stored
+    token hashes (``old_hashes``; None: tokenize the old texts once) and checked token by token.
+    """
+    texts = list(texts)
+    keys = encoder.token_keys(texts)
+    hashes = torch.tensor([token_hash(k) for k in keys], dtype=torch.int64)
+    if old_hashes is None:
+        old_hashes = torch.tensor([token_hash(k) for k in encoder.token_keys(list(old_texts))], dtype=torch.int64)
+    all_hashes = torch.cat([old_hashes.to(torch.int64).cpu(), hashes])
+    if not texts:
+        return torch.zeros(0, encoder.dim, dtype=torch.float32), all_hashes
+    known: dict = {}
+    for i, h in enumerate(old_hashes.tolist()):
+        known.setdefault(h, i)
+    found = [known.get(h) for h in hashes.tolist()]
+    matched = [j for j, i in enumerate(found) if i is not None]
+    if matched:  # a hash is no proof: compare the tokens
+        for j, old_key in zip(matched, encoder.token_keys([old_texts[found[j]] for j in matched])):
+            if old_key != keys[j]:
+                found[j] = None
+    out = torch.empty(len(texts), encoder.dim, dtype=torch.float32)
+    todo = [j for j, i in enumerate(found) if i is None]
+    if todo:
+        out[torch.tensor(todo)] = encoder.encode([texts[j] for j in todo], progress=progress, desc=desc,
+                                                 keys=[keys[j] for j in todo]).float().cpu()
+    reused = [(j, i) for j, i in enumerate(found) if i is not None]
+    if reused:
+        out[torch.tensor([j for j, _ in reused])] = old_emb[torch.tensor([i for _, i in reused])].float().cpu()
+    return out, all_hashes
+
+
+def append_vectors(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """An index's stored vectors followed by the new ones (ValueError when the dimensions differ)."""
+    if old.shape[0] == 0:
+        return new.contiguous()
+    if old.shape[1] != new.shape[1]:
+        raise ValueError(f"the encoder gives {new.shape[1]}-d vectors, the index holds {old.shape[1]}-d")
+    return torch.cat([old, new])

@@ -80,7 +80,7 @@ class IndexEntityVectors:
     by token."""
 
     def __init__(self, index, encoder):
-        from .build import token_hash
+        from .encoding import token_hash
 
         self.index = index
         self.encoder = encoder

@@ -79,6 +79,46 @@ class Csr:
         return Csr(crow, col, val, (len(rows), ncols)).sorted()
 
     @staticmethod
+    def ones(rows, cols, shape, base: "Csr | None" = None) -> "Csr":
+        """The 0/1 matrix with ones at (rows[i], cols[i]) and at ``base``'s entries (repeats count once)."""
+        r = torch.as_tensor(rows, dtype=torch.int64)
+        c = torch.as_tensor(cols, dtype=torch.int64)
+        if base is not None:
+            r, c = torch.cat([base.row_index(), r]), torch.cat([base.col, c])
+        m = Csr.from_coo(r, c, torch.ones(r.numel(), dtype=torch.float32), shape)
+        return m.with_values(torch.ones(m.nnz, dtype=torch.float32))
+
+    @staticmethod
+    def ragged(rows, ncols: int) -> "Csr":
+        """From a list of column lists kept in the given order (not sorted, repeats kept; values 1): the
+        layout of the index's NER record."""
+        crow = torch.zeros(len(rows) + 1, dtype=torch.int64)
+        torch.cumsum(torch.tensor([len(r) for r in rows], dtype=torch.int64), 0, out=crow[1:])
+        col = torch.tensor([c for r in rows for c in r], dtype=torch.int64)
+        return Csr(crow, col, torch.ones(col.numel(), dtype=torch.float32), (len(rows), ncols))
+
+    def vstack(self, bottom: "Csr") -> "Csr":
+        """Rows of this matrix then rows of ``bottom``, with bottom's column count (ours come first)."""
+        crow = torch.cat([self.crow, self.crow[-1] + bottom.crow[1:]])
+        return Csr(crow, torch.cat([self.col, bottom.col]), torch.cat([self.val, bottom.val]),
+                   (self.shape[0] + bottom.shape[0], bottom.shape[1]))
+
+    def row_lists(self) -> list:
+        """Each row's columns as a Python list, in storage order."""
+        crow, col = self.crow.tolist(), self.col.tolist()
+        return [col[crow[r]:crow[r + 1]] for r in range(self.shape[0])]
+
+    def submatrix(self, rows: torch.Tensor, cols: torch.Tensor) -> "Csr":
+        """self[rows][:, cols] (both index lists in increasing order of the new numbering)."""
+        row_map = torch.full((self.shape[0],), -1, dtype=torch.int64)
+        row_map[rows] = torch.arange(rows.numel())
+        col_map = torch.full((self.shape[1],), -1, dtype=torch.int64)
+        col_map[cols] = torch.arange(cols.numel())
+        r, c = row_map[self.row_index()], col_map[self.col]
+        keep = (r >= 0) & (c >= 0)
+        return Csr.from_coo(r[keep], c[keep], self.val[keep], (rows.numel(), cols.numel()))
+
+    @staticmethod
     def from_coo(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor, shape) -> "Csr":
         """Build from coordinates (duplicates are summed)."""
         nrows, ncols = shape

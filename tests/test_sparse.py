@@ -63,3 +63,15 @@ def test_transpose_of_a_non_canonical_csr_sums_repeats(path):
     assert torch.equal(_dense(t), torch.tensor([[2.0, 0.0], [0.0, 4.0], [4.0, 0.0]], dtype=torch.float64))
     assert t.nnz == 3
 
+
+
+def test_csr_building_blocks_of_index_updates():
+    top = Csr.ragged([[2, 0, 2], []], 3)  # order and repeats kept
+    assert top.row_lists() == [[2, 0, 2], []] and top.shape == (2, 3)
+    both = top.vstack(Csr.ragged([[1]], 4))
+    assert both.row_lists() == [[2, 0, 2], [], [1]] and both.shape == (3, 4)
+    ones = Csr.ones([0, 0, 1], [1, 1, 0], (2, 2), base=Csr.ones([1], [1], (2, 2)))
+    assert ones.row_lists() == [[1], [0, 1]] and ones.val.tolist() == [1.0, 1.0, 1.0]
+    m = Csr.from_rows([[0, 2], [1], [0, 1, 2]], 3, [[1.0, 2.0], [3.0], [4.0, 5.0, 6.0]])
+    sub = m.submatrix(torch.tensor([0, 2]), torch.tensor([0, 2]))
+    assert sub.row_lists() == [[0, 1], [0, 1]] and sub.val.tolist() == [1.0, 2.0, 4.0, 6.0]

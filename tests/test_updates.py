@@ -175,7 +175,7 @@ def test_equal_tokens_are_found_by_hash_and_checked(nlp, encoder, monkeypatch, o
     changes nothing (the tokens are compared); an index without stored hashes gets them computed."""
     import dataclasses
 
-    from linearrag_torch import build as build_module
+    from linearrag_torch import encoding
 
     base = [Passage("a", "Paris", "Paris is the capital of France."), Passage("b", "", "Marie Curie lived in Paris.")]
     more = [Passage("c", "PARIS", "PARIS is the capital of FRANCE."), Passage("d", "", "Rome is the capital of Italy.")]
@@ -186,7 +186,7 @@ def test_equal_tokens_are_found_by_hash_and_checked(nlp, encoder, monkeypatch, o
     assert torch.equal(grown.passage_emb[0], grown.passage_emb[2])  # "c" reused the vector of "a"
     assert_same_graph(add_passages(dataclasses.replace(first, keys=None), more, nlp=nlp, encoder=encoder,
                                    progress=False), full)
-    monkeypatch.setattr(build_module, "token_hash", lambda key: 7)  # every text's hash equals every other's
+    monkeypatch.setattr(encoding, "token_hash", lambda key: 7)  # every text's hash equals every other's
     grown = add_passages(dataclasses.replace(first, keys=None), more, nlp=nlp, encoder=encoder, progress=False)
     assert torch.equal(grown.passage_emb[0], grown.passage_emb[2])
     assert not torch.equal(grown.passage_emb[0], grown.passage_emb[3])

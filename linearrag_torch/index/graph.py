@@ -61,7 +61,7 @@ class NerRecord:
 
 @dataclass
 class TokenKeys:
-    """Per node, a 64-bit hash of the token ids the encoder saw (build.token_hash): an add finds the
+    """Per node, a 64-bit hash of the token ids the encoder saw (encoding.token_hash): an add finds the
     old texts whose tokens equal a new text's without tokenizing the whole index. int64 [P], [S], [E]."""
 
     passages: torch.Tensor
