@@ -279,20 +279,20 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
     bp, be = torch.empty_like(xp), torch.empty_like(xe)
     last = torch.full_like(total, float("inf"))
     running = torch.ones_like(valid)  # over the working columns
+    tracked = active is not None and active.e.numel() > 0
+    pairs = _LivePairs(active, work_of) if tracked else None
     for _ in range(cfg.ppr_max_iter):
         g = None
-        if active is not None and active.e.numel():
+        if tracked:
             g = graph.dangling_mass(xp, xe)
             c = (1.0 - d) + d * g
-            w = work_of[active.col]
-            live = w >= 0
-            xp_at = xp[active.p[live], w[live]]  # gathered before the step scratches xp, xe
-            L_old = xe[active.bucket[live], w[live]]
+            xp_at = xp[pairs.p, pairs.w]  # gathered before the step scratches xp, xe
+            L_old = xe[pairs.bucket, pairs.w]
         for observer in _OBSERVERS:
             observer.before_step(graph, cols)
         change = graph.ppr_step(xp, xe, wrp, wre, d, bp, be, g)
-        if active is not None and active.e.numel():
-            change = change + _leaf_correction(active, live, w, xp_at, L_old, be, c, running, d)
+        if tracked:
+            change = change + _leaf_correction(active, pairs, xp_at, L_old, be, c, running, d)
         for observer in _OBSERVERS:
             observer.after_step(graph, cols, change)
         xp, bp, xe, be = bp, xp, be, xe  # the new iterate; the old one is scratch
@@ -320,6 +320,8 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
             work_of.fill_(-1)
             work_of[cols[k]] = torch.arange(n_run, device=rp.device)
             cols, last, running = cols[k], last[k], running[k]
+            if tracked:
+                pairs = _LivePairs(active, work_of)
     else:
         rp[:, cols[running]] = xp[:, running]  # ppr_max_iter reached
         re[:, cols[running]] = xe[:, running]
@@ -330,29 +332,42 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
     return rp, _expand_entities(lv, re, active), valid
 
 
-def _leaf_correction(active: _ActiveLeaves, live, w, xp_at, L_old, out_e, c, running, d):
+class _LivePairs:
+    """The tracked leaf pairs whose column is still in the working set, and the grouping the leaf
+    correction needs: fixed between two compactions, so computed once per compaction, not per step."""
+
+    def __init__(self, active: _ActiveLeaves, work_of: torch.Tensor):
+        w = work_of[active.col]
+        live = w >= 0
+        self.index = torch.nonzero(live).flatten()  # positions among the tracked pairs
+        self.w = w[live]  # working column of each live pair
+        self.p, self.bucket = active.p[live], active.bucket[live]
+        self.share, self.r = active.share[live], active.r[live]
+        self.group = active.group[live]
+        first = torch.full((active.n_groups,), -1, dtype=torch.int64, device=w.device)
+        first[self.group] = torch.arange(self.group.numel(), device=w.device)
+        self.has = first >= 0  # groups with a live pair
+        self.rep = first[self.has]  # one live pair of each such group
+        self.rep_w = self.w[self.rep]
+
+
+def _leaf_correction(active: _ActiveLeaves, pairs: _LivePairs, xp_at, L_old, out_e, c, running, d):
     """Per working column: the tracked leaves' part of the L1 change that the bucket rows miss,
 
         sum over (passage, column) with tracked leaves A of  sum_A |dx_e| + |dL - sum_A dx_e| - |dL|
 
     (the untracked leaves of a passage all move with sign(dL - sum_A dx_e)); advances the tracked x_e."""
-    wl = w[live]
-    keep = running[wl]  # columns that already stopped keep their leaves' values
-    x_new = d * active.share[live] * xp_at + c[wl] * active.r[live]
-    dx = x_new - active.x[live]
-    dL = out_e[active.bucket[live], wl] - L_old
-    g = active.group[live]
+    keep = running[pairs.w]  # columns that already stopped keep their leaves' values
+    x_new = d * pairs.share * xp_at + c[pairs.w] * pairs.r
+    dx = x_new - active.x[pairs.index]
+    dL = out_e[pairs.bucket, pairs.w] - L_old
     n = active.n_groups
-    sum_dx = torch.zeros(n, dtype=dx.dtype, device=dx.device).index_add_(0, g, dx)
-    sum_abs = torch.zeros(n, dtype=dx.dtype, device=dx.device).index_add_(0, g, dx.abs())
-    first = torch.full((n,), -1, dtype=torch.int64, device=dx.device)
-    first[g] = torch.arange(g.numel(), device=dx.device)
-    has = first >= 0
-    gl = first[has]
-    dLg = dL[gl]
-    corr = sum_abs[has] + (dLg - sum_dx[has]).abs() - dLg.abs()
-    change = torch.zeros(running.numel(), dtype=dx.dtype, device=dx.device).index_add_(0, wl[gl], corr)
-    idx = torch.nonzero(live).flatten()[keep]
+    sum_dx = torch.zeros(n, dtype=dx.dtype, device=dx.device).index_add_(0, pairs.group, dx)
+    sum_abs = torch.zeros(n, dtype=dx.dtype, device=dx.device).index_add_(0, pairs.group, dx.abs())
+    dLg = dL[pairs.rep]
+    corr = sum_abs[pairs.has] + (dLg - sum_dx[pairs.has]).abs() - dLg.abs()
+    change = torch.zeros(running.numel(), dtype=dx.dtype, device=dx.device).index_add_(0, pairs.rep_w, corr)
+    idx = pairs.index[keep]
     active.x[idx] = x_new[keep]
     active.final[idx] = x_new[keep]
     return change
