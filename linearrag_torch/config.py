@@ -150,7 +150,7 @@ def add_flags(group, cls, unset_none: bool = False, show_defaults: bool = True, 
             continue
         meta = f.metadata
         shown = ",".join(f.default) if isinstance(f.default, tuple) else f.default
-        text = f"{meta['help']} (default {shown})" if show_defaults else meta["help"]
+        text = f"{meta['help']} (default {shown})" if show_defaults and "(default" not in meta["help"] else meta["help"]
         kw = {"default": None if unset_none else f.default, "help": text}
         if isinstance(f.default, bool):
             kw["action"] = argparse.BooleanOptionalAction

@@ -4,13 +4,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
+
+from ..config import _f
+from ..config import add_flags as _add_setting_flags
 
 API_KEY_ENV = "LINEARRAG_API_KEY"
-
-
-def _f(default, help: str, **kw):
-    return field(default=default, metadata={"help": help, **kw})
 
 
 @dataclass
@@ -29,17 +28,17 @@ class ServeSettings:
     max_question_chars: int = _f(2000, "longest question, in characters")
     max_top_k: int = _f(100, "largest top_k a request may ask for")
     api_key: str | None = _f(None, f"require 'Authorization: Bearer KEY' on every route but /health "
-                                   f"(default: ${API_KEY_ENV} if set)", flag_type=str)
+                                   f"(default: ${API_KEY_ENV} if set)", type=str)
     watch: float = _f(0.0, "check INDEX_DIR/index.json every this many seconds and reload when it changes "
                            "(0: only POST /admin/reload)")
     memory_budget: str | None = _f(None, "working memory of one engine call, e.g. 2G (default: "
                                          "$LINEARRAG_MEMORY_BUDGET, else half the free GPU memory / a quarter of RAM "
-                                         "up to 4G); set it when another process shares the GPU", flag_type=str)
+                                         "up to 4G); set it when another process shares the GPU", type=str)
     threads: int | None = _f(None, "torch threads of the process (default: $LINEARRAG_THREADS, else one per core); "
-                                   "1 holds up best when other busy processes share the cores", flag_type=int)
+                                   "1 holds up best when other busy processes share the cores", type=int)
     quantize: str | None = _f(None, "int8: the dynamically quantised question encoder (CPU only; faster, recall "
-                                    "measured in benchmarks/README.md); default the exact float32 encoder",
-                              flag_type=str, choices=("int8", "int8-all"))
+                                    "measured in benchmarks/README.md) (default: none, the exact float32 encoder)",
+                              type=str, choices=("int8", "int8-all"))
     graceful_timeout: float = _f(30.0, "on SIGTERM, seconds to let requests in flight finish")
     log_level: str = _f("info", "uvicorn log level", choices=("critical", "error", "warning", "info", "debug"))
 
@@ -66,16 +65,8 @@ class ServeSettings:
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
-    """One --flag per ServeSettings field, help and defaults from the field."""
-    g = p.add_argument_group("server settings")
-    defaults = ServeSettings.__dataclass_fields__
-    for f in fields(ServeSettings):
-        meta = f.metadata
-        typ = meta.get("flag_type") or type(defaults[f.name].default)
-        kw = {"choices": meta["choices"]} if "choices" in meta else {}
-        shown = "none" if f.default is None else f.default
-        g.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=typ, default=f.default,
-                       help=meta["help"] if "(default" in meta["help"] else f"{meta['help']} (default {shown})", **kw)
+    """One --flag per ServeSettings field, help and defaults from the field (config.add_flags)."""
+    _add_setting_flags(p.add_argument_group("server settings"), ServeSettings)
 
 
 def from_args(args) -> ServeSettings:
