@@ -38,7 +38,7 @@ import httpx
 from linearrag_torch.corpus import read_questions
 
 DEFAULT_CONCURRENCY = (1, 8, 32, 128)
-MODES = {"batching": {"max_batch_size": 64, "max_wait_ms": 5.0}, "no_batching": {"max_batch_size": 1, "max_wait_ms": 0.0}}
+MODES = {"batching": {"max_batch_size": 64, "max_wait_ms": 0.0}, "no_batching": {"max_batch_size": 1, "max_wait_ms": 0.0}}
 
 
 # ------------------------------------------------------------------------------------------ the server

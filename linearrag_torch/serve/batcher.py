@@ -51,7 +51,7 @@ class Batcher:
     Start with ``start()`` inside the event loop, stop with ``await stop()`` (finishes what is queued).
     """
 
-    def __init__(self, run_batch: RunBatch, max_batch_size: int = 64, max_wait_ms: float = 5.0,
+    def __init__(self, run_batch: RunBatch, max_batch_size: int = 64, max_wait_ms: float = 0.0,
                  on_batch: Callable[[BatchStats], None] | None = None):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")

@@ -20,7 +20,9 @@ class ServeSettings:
     port: int = _f(8000, "TCP port (0: any free port)")
     device: str = _f("auto", "auto (CUDA when present), cpu, cuda or cuda:N")
     max_batch_size: int = _f(64, "most questions in one engine call (1 turns dynamic batching off)")
-    max_wait_ms: float = _f(5.0, "longest a question waits for others to join its batch, in ms")
+    max_wait_ms: float = _f(0.0, "longest a question waits for others to join its batch, in ms; with 0 a batch is "
+                                 "what queued while the engine was busy (on CPU that measured best, see "
+                                 "benchmarks/README.md); a fast GPU engine may gain from 1-5")
     max_concurrent: int = _f(256, "requests answered at once; one more gets 429 with Retry-After")
     timeout: float = _f(30.0, "seconds a request may take before it gets 504")
     max_body_bytes: int = _f(1 << 20, "largest request body; a larger one gets 413")
