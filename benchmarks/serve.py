@@ -22,7 +22,6 @@ import asyncio
 import datetime as _dt
 import json
 import os
-import platform
 import random
 import shlex
 import signal
@@ -34,7 +33,9 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+import torch
 
+from benchmarks.common import machine
 from linearrag_torch.corpus import read_questions
 
 DEFAULT_CONCURRENCY = (1, 8, 32, 128)
@@ -184,7 +185,7 @@ def run(args) -> dict:
               "n_questions": len(questions), "device": args.device, "duration_s": args.duration,
               "server_args": args.server_args,
               "max_concurrent": max_concurrent, "overload_clients": args.overload_clients,
-              "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+              "machine": machine(torch.device(args.device), torch.get_num_threads()),  # the server's threads: --server-args
               "modes": {}, "overload": None}
     for mode, cfg in MODES.items():
         server = Server(args.index, args.device, cfg["max_batch_size"], cfg["max_wait_ms"], max_concurrent,
