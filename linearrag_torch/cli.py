@@ -246,8 +246,8 @@ def _read_ids(path: Path) -> list:
     return ids
 
 
-def cmd_query(args) -> int:
-    from .api import LinearRAG
+def _question_items(args) -> list[dict]:
+    """The questions of `query` / `answer`: the QUESTION arguments, then those of --questions FILE.jsonl."""
     from .corpus import read_questions
 
     items = [{"id": i, "question": q} for i, q in enumerate(args.question)]
@@ -255,6 +255,13 @@ def cmd_query(args) -> int:
         items += read_questions(args.questions)
     if not items:
         raise ValueError("no question given (pass QUESTION arguments or --questions FILE.jsonl)")
+    return items
+
+
+def cmd_query(args) -> int:
+    from .api import LinearRAG
+
+    items = _question_items(args)
     from .pipeline import set_threads
 
     set_threads(args.threads)
@@ -301,14 +308,9 @@ def cmd_serve(args) -> int:
 
 def cmd_answer(args) -> int:
     from .api import LinearRAG
-    from .corpus import read_questions
     from .generation import LLMError, answer_batch, llm_from_args
 
-    items = [{"id": i, "question": q} for i, q in enumerate(args.question)]
-    if args.questions:
-        items += read_questions(args.questions)
-    if not items:
-        raise ValueError("no question given (pass QUESTION arguments or --questions FILE.jsonl)")
+    items = _question_items(args)
     try:
         llm = llm_from_args(args)  # a missing URL or model fails before the index loads
         rag = LinearRAG.load(args.index_dir, device=args.device)
