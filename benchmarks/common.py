@@ -14,6 +14,7 @@ import torch
 
 from linearrag_torch.engine import DeviceGraph
 from linearrag_torch.kernels.backends import torch_scatter_available, triton_available
+from linearrag_torch.memory import status_bytes
 from linearrag_torch.pagerank import StepObserver, observe_steps
 from linearrag_torch.synthetic import index_from_mentions, random_embeddings, random_mentions
 
@@ -84,14 +85,7 @@ def peak_memory(device: torch.device) -> int:
 
 
 def _status_bytes(field: str) -> int:
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return status_bytes(field) or 0
 
 
 # ----------------------------------------------------------------------------------------- machine

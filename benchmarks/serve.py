@@ -37,6 +37,7 @@ import torch
 
 from benchmarks.common import machine
 from linearrag_torch.corpus import read_questions
+from linearrag_torch.memory import status_bytes
 
 DEFAULT_CONCURRENCY = (1, 8, 32, 128)
 MODES = {"batching": {"max_batch_size": 64, "max_wait_ms": 0.0}, "no_batching": {"max_batch_size": 1, "max_wait_ms": 0.0}}
@@ -79,14 +80,7 @@ class Server:
             time.sleep(0.2)
 
     def memory(self) -> dict:
-        out = {}
-        try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith(("VmRSS:", "VmHWM:")):
-                    out[line.split(":")[0]] = int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        return {"rss_bytes": out.get("VmRSS"), "peak_rss_bytes": out.get("VmHWM")}
+        return {"rss_bytes": status_bytes("VmRSS", self.proc.pid), "peak_rss_bytes": status_bytes("VmHWM", self.proc.pid)}
 
     def metrics(self) -> dict:
         """The batch-size histogram's sum and count (questions, engine calls)."""

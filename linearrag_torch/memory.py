@@ -76,3 +76,16 @@ def keep_freed_memory() -> bool:
     _applied = all(mallopt(param, value) == 1 for param, value in (
         (_M_MMAP_THRESHOLD, 1 << 30), (_M_TRIM_THRESHOLD, 2**31 - 1), (_M_TOP_PAD, 256 << 20)))
     return _applied
+
+
+def status_bytes(field: str, pid="self") -> int | None:
+    """A size field of /proc/PID/status ("VmRSS", "VmHWM", ...) in bytes; None where it cannot be read
+    (not Linux, the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from .. import __version__
 from ..config import MODES, RetrievalConfig
+from ..memory import status_bytes
 from .batcher import Batcher
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .settings import ServeSettings
@@ -116,14 +117,6 @@ def _hit_dict(h, include_text: bool) -> dict:
     if include_text:
         d["text"] = h.text
     return d
-
-
-def _rss_bytes() -> int | None:
-    try:
-        with open("/proc/self/status") as fh:
-            return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
-    except (OSError, StopIteration, ValueError):
-        return None
 
 
 # ---------------------------------------------------------------------------------------------- the service
@@ -379,7 +372,7 @@ class LinearRAGService:
         import torch
 
         rag = self.rag if self.ready else None
-        memory = {"rss_bytes": _rss_bytes()}
+        memory = {"rss_bytes": status_bytes("VmRSS")}
         if rag is not None:
             memory["index_tensors_bytes"] = rag.graph.nbytes()
             memory["memory_budget_bytes"] = rag.graph.memory_budget
