@@ -11,9 +11,10 @@ EXTRAS = {
     "bench": ["matplotlib>=3.7", "bm25s>=0.2"],
     "scatter": ["torch-scatter>=2.1"],  # optional accelerator; compiles from source
     "triton": ["triton>=3.0"],  # the CUDA kernels (CUDA torch wheels usually bring it); CPU: interpreter tests
+    "ray": ["ray[data]>=2.10"],  # `linearrag index|add --ray`: NER and encoding on a Ray cluster (ray_build.py)
 }
 # everything optional that installs from PyPI wheels (torch-scatter compiles, Triton is CI's own pin)
-EXTRAS["all"] = sorted({r for k in ("serve", "gen", "langchain", "llamaindex", "haystack", "bench") for r in EXTRAS[k]})
+EXTRAS["all"] = sorted({r for k in ("serve", "gen", "langchain", "llamaindex", "haystack", "bench", "ray") for r in EXTRAS[k]})
 
 setup(
     name="linearrag_torch",

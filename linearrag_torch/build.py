@@ -15,7 +15,7 @@ encoding.TextEncoder's three members will do.
 from __future__ import annotations
 
 import time
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
@@ -37,10 +37,12 @@ def build_index(
     nlp=None,
     encoder: Optional[TextEncoder] = None,
     timings: Optional[dict] = None,
+    analyse: Optional[Callable] = None,
 ) -> TriGraphIndex:
     """Build the index of ``passages`` on ``device``: add_passages() to an empty index.
 
     ``nlp`` / ``encoder``: already loaded models to reuse (else loaded from ``index_config``).
+    ``analyse``: the NER stage, as in add_passages.
     ``timings``: if given, receives the seconds spent per stage.
     """
     index_config = index_config or IndexConfig()
@@ -48,7 +50,7 @@ def build_index(
     if not passages:
         raise ValueError("cannot build an index of zero passages")
     return add_passages(empty_index(index_config, retrieval_config), passages, device=device, progress=progress,
-                        nlp=nlp, encoder=encoder, timings=timings)
+                        nlp=nlp, encoder=encoder, timings=timings, analyse=analyse)
 
 
 def empty_index(index_config: Optional[IndexConfig] = None, retrieval_config: Optional[RetrievalConfig] = None,
@@ -77,6 +79,7 @@ def add_passages(
     nlp=None,
     encoder: Optional[TextEncoder] = None,
     timings: Optional[dict] = None,
+    analyse: Optional[Callable] = None,
 ) -> TriGraphIndex:
     """A new index: ``index`` with ``passages`` appended (``index`` itself is not changed).
 
@@ -86,6 +89,8 @@ def add_passages(
     every entity in the new passages and of the new entities in the old passages (one Aho-Corasick
     pass over the old texts). Ids must be new (7 and "7" are the same id): ValueError otherwise.
     ``device``: where the result goes (default: where ``index`` is).
+    ``analyse``: the NER stage, texts -> one nlp.PassageAnalysis per text (default: nlp.analyse_passages
+    with ``nlp`` and the index's settings; ray_build runs it on a Ray cluster).
     """
     if not passages:
         raise ValueError("no passages to add")
@@ -95,10 +100,13 @@ def add_passages(
     base = index.to("cpu")
     cfg = base.index_config
     texts = [passage_text(p.title, p.text) for p in passages]
-    if nlp is None:
-        nlp = load_spacy(cfg.spacy_model)
-        clock.lap("load_spacy")
-    analyses = analyse_passages(nlp, texts, cfg.dropped_labels, cfg.ner_batch_size, cfg.n_process, progress)
+    if analyse is None:
+        if nlp is None:
+            nlp = load_spacy(cfg.spacy_model)
+            clock.lap("load_spacy")
+        analyses = analyse_passages(nlp, texts, cfg.dropped_labels, cfg.ner_batch_size, cfg.n_process, progress)
+    else:
+        analyses = list(analyse(texts))
     if getattr(cfg, "title_entities", False):
         analyses = [bind_title(a, p.title) for a, p in zip(analyses, passages)]
     clock.lap("ner")

@@ -73,6 +73,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _device_arg(p)
     _add_settings(p, stored=False)
+    from .ray_build import add_flags as add_ray_flags
+
+    add_ray_flags(p)
 
     a = sub.add_parser("add", help="add the passages of a JSONL file to an index",
                        description="Sentence split, NER and encode only the new passages and append them to the index in "
@@ -84,6 +87,7 @@ def parser() -> argparse.ArgumentParser:
                                                           "(a missing id continues the index's numbering)")
     a.add_argument("--quiet", action="store_true", help="no progress bars")
     _device_arg(a)
+    add_ray_flags(a)
 
     r = sub.add_parser("delete", help="remove passages from an index",
                        description="Remove passages by id, with the sentences and entities no remaining passage has; "
@@ -161,7 +165,14 @@ def cmd_index(args) -> int:
 
     existing = Path(args.index_dir).is_dir()  # replacing an index: lock before the work, not only to write
     with index_lock(args.index_dir) if existing else nullcontext():
-        rag = LinearRAG.build(args.corpus, index_config=icfg, config=cfg, device=args.device, progress=not args.quiet)
+        from .ray_build import build as ray_build, options_from_args
+
+        ray = options_from_args(args)  # None without --ray
+        if ray is not None:
+            rag = ray_build(args.corpus, index_config=icfg, config=cfg, options=ray, device=args.device,
+                            progress=not args.quiet)
+        else:
+            rag = LinearRAG.build(args.corpus, index_config=icfg, config=cfg, device=args.device, progress=not args.quiet)
         rag.save(args.index_dir)
     s = rag.index.summary()
     print(f"indexed {s['passages']} passages, {s['sentences']} sentences, {s['entities']} entities "
@@ -203,6 +214,12 @@ def _update_index(index_dir: str, device: str, change, verb: str, preposition: s
 
 
 def cmd_add(args) -> int:
+    from .ray_build import add as ray_add, options_from_args
+
+    ray = options_from_args(args)  # None without --ray
+    if ray is not None:
+        return _update_index(args.index_dir, args.device,
+                             lambda rag: ray_add(rag, args.corpus, ray, progress=not args.quiet), "added", "to")
     return _update_index(args.index_dir, args.device, lambda rag: rag.add(args.corpus, progress=not args.quiet),
                          "added", "to")
 
