@@ -2,6 +2,7 @@
 PageRank (eq. 6) by batched power iteration over the passage-entity graph."""
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -38,8 +39,8 @@ class Leaves:
     A leaf entity e of passage p only trades mass with p: it receives d * w[p, e] / str(p) * x_p and
     gives all of its mass back to p. Its passage sees only the sum of its leaves' mass, so the walk runs
     on one "bucket" node per passage holding that sum (to_entities weight share_p = sum of the leaves'
-    w / str(p), to_passages weight 1); the leaves' own values and their part of the L1 change are
-    recovered exactly from the bucket (see personalized_pagerank).
+    w / str(p), to_passages weight 1). In a call, the leaves with reset mass get rows of their own
+    (_SplitLeaves); the others' values and their part of the L1 change follow exactly from the bucket.
     """
 
     row: torch.Tensor  # [E] int64: row of each entity in the walk's entity space (a leaf: its bucket)
@@ -160,10 +161,12 @@ class PPRGraph:
 class StepObserver:
     """Watches the power-iteration steps of personalized_pagerank (register with ``observe_steps``).
 
-    before_step(graph, columns): right before a step; ``columns`` [n] int64 holds the batch column of
-    each of the n working columns (stopped columns leave the working set as the loop compacts it).
-    after_step(graph, columns, change): right after it (kernels.ppr_step and, with leaf buckets, the
-    tracked leaves' correction); ``change`` [n] is the step's L1 change per working column.
+    before_step(graph, columns): right before a step; ``graph`` is the operator the step runs on (the
+    call's graph, or with leaf buckets its copy with the reset's leaves split out: _SplitLeaves);
+    ``columns`` [n] int64 holds the batch column of each of the n working columns (stopped columns
+    leave the working set as the loop compacts it).
+    after_step(graph, columns, change): right after it (kernels.ppr_step); ``change`` [n] is the step's
+    L1 change per working column, that of the full graph.
     Benchmarks time and count the steps with it; tests read the changes. The defaults do nothing.
     """
 
@@ -189,48 +192,80 @@ def observe_steps(observer: StepObserver):
 
 
 
-class _ActiveLeaves:
-    """The leaves with reset mass, tracked one by one (pairs (leaf e, column b)); every other leaf of
-    a passage moves in step with its bucket. Adds their exact share of the L1 change to each step."""
+class _SplitLeaves:
+    """The walk of one call with the leaves that carry reset mass (in any column) taken out of their
+    passage buckets, each on a row of its own after the graph's rows (R + j, ordered by passage).
 
-    def __init__(self, lv: Leaves, re: ColumnEntries):
-        m = lv.is_leaf[re.row] & (re.val > 0)
-        self.e = re.row[m]
-        self.col = re.col[m]  # original column
-        self.p = lv.passage[self.e]
-        self.bucket = lv.row[self.e]
-        self.share = lv.share[self.e]
-        self.r = re.val[m]
-        self.x = self.r.clone()  # x_e^0 = r_e
-        self.final = self.x.clone()
-        # pairs grouped by (bucket, column): the leaves of one passage in one question
-        key = self.bucket * re.shape[1] + self.col
-        _, self.group = torch.unique(key, return_inverse=True)
-        self.n_groups = int(self.group.max()) + 1 if self.group.numel() else 0
+    Every leaf left in a bucket has no reset in any column, so after the first step it holds
+    d * share * x_p in each column: the leaves of a bucket move together, and the bucket row holds
+    exactly their mass. The walk, its L1 change (sum of |change| over the rows) and the entity scores
+    are then those of the full graph with no per-step correction; the operator is built once per call.
+    """
+
+    def __init__(self, graph: PPRGraph, leaf_entities: torch.Tensor):
+        lv = graph.leaves
+        tp, te = graph.to_passages, graph.to_entities
+        P, R = tp.shape[0], te.shape[0]
+        dev = leaf_entities.device
+        uniq, inv = torch.unique(leaf_entities, return_inverse=True)
+        order = torch.argsort(lv.passage[uniq], stable=True)
+        rank = torch.empty_like(order).index_copy_(0, order, torch.arange(order.numel(), device=dev))
+        self.rows_of_given = R + rank[inv]  # the walk row of each entry of leaf_entities
+        e = self.e = uniq[order]  # the split leaves, by passage
+        k = self.k = e.numel()
+        self.R = R
+        p, share, bucket = lv.passage[e], lv.share[e], lv.row[e]
+        # what stays in each touched bucket: its other leaves' shares (by_passage), 0 when all are split
+        self.buckets, first = torch.unique(bucket, return_inverse=True)
+        bp = torch.empty(self.buckets.numel(), dtype=torch.int64, device=dev).index_copy_(0, first, p)
+        owner, pos, _ = kernels.segment_positions(lv.by_passage.crow, bp)
+        stays = ~torch.isin(lv.by_passage.col[pos], e)
+        self.rest = torch.zeros(self.buckets.numel(), dtype=lv.share.dtype, device=dev).index_add_(
+            0, owner[stays], lv.by_passage.val[pos][stays].to(lv.share.dtype))
+        # to_entities: a bucket row has one entry (its passage), now the rest; then one row per split leaf
+        crow, col, val = te.crow_indices(), te.col_indices(), te.values().clone()
+        val[crow[self.buckets].long()] = self.rest.to(val.dtype)
+        ar = torch.arange(1, k + 1, device=dev)
+        to_entities = _csr(torch.cat([crow, crow[-1] + ar.to(crow.dtype)]), torch.cat([col, p.to(col.dtype)]),
+                           torch.cat([val, share.to(val.dtype)]), (R + k, P))
+        # to_passages: each passage's split leaves appended to its row (column R + j, weight 1)
+        crow, col, val = tp.crow_indices(), tp.col_indices(), tp.values()
+        key = ("split_leaves", "to_passages rows")
+        if key not in graph.workspace:
+            graph.workspace[key] = torch.repeat_interleave(torch.arange(P, device=dev), (crow[1:] - crow[:-1]).long())
+        before = torch.zeros(P + 1, dtype=torch.int64, device=dev)
+        torch.cumsum(torch.bincount(p, minlength=P), 0, out=before[1:])  # new entries in the rows before
+        pos_old = torch.arange(col.numel(), device=dev) + before[graph.workspace[key]]
+        pos_new = crow[p + 1].long() + torch.arange(k, device=dev)
+        col2 = torch.empty(col.numel() + k, dtype=col.dtype, device=dev)
+        col2[pos_old], col2[pos_new] = col, (R + ar - 1).to(col.dtype)
+        val2 = torch.empty(col.numel() + k, dtype=val.dtype, device=dev)
+        val2[pos_old], val2[pos_new] = val, 1.0
+        to_passages = _csr(crow + before.to(crow.dtype), col2, val2, (P, R + k))
+        self.walk = PPRGraph(to_passages, to_entities, graph.between_passages, graph.dangling_passages,
+                             torch.cat([graph.dangling_entities, graph.dangling_entities.new_zeros(k)]),
+                             graph.dangling_passage_idx, graph.dangling_entity_idx)
 
 
-def _expand_entities(lv: Leaves, xe_rows: torch.Tensor, active: _ActiveLeaves | None) -> torch.Tensor:
-    """Entity scores [E, B] from the walk's entity rows: a leaf not tracked gets its passage bucket's
-    mass in proportion to its share, after the tracked leaves of that passage took theirs."""
+def _csr(crow, col, val, shape) -> torch.Tensor:
+    with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state"
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, col, val, size=shape)
+
+
+def _expand_entities(lv: Leaves, xe_rows: torch.Tensor, split: _SplitLeaves | None) -> torch.Tensor:
+    """Entity scores [E, B] from the walk's entity rows: a split leaf has its own row; a leaf left in
+    its passage's bucket gets the bucket's mass in proportion to its share among the leaves left there."""
     out = xe_rows.index_select(0, lv.row)
     leaf = torch.nonzero(lv.is_leaf).flatten()
-    scale = torch.where(lv.bucket_share > 0, 1.0 / lv.bucket_share, torch.zeros_like(lv.bucket_share))
+    left = lv.bucket_share
+    if split is not None:
+        left = left.clone()
+        left[split.buckets] = split.rest
+    scale = torch.where(left > 0, 1.0 / left, torch.zeros_like(left))
     out[leaf] *= (lv.share[leaf] * scale[lv.row[leaf]])[:, None]
-    if active is not None and active.e.numel():
-        # per (bucket, column) with tracked leaves: the untracked leaves share (bucket - tracked mass)
-        g = active.group
-        tracked_x = torch.zeros(active.n_groups, device=out.device).index_add_(0, g, active.final)
-        tracked_s = torch.zeros(active.n_groups, device=out.device).index_add_(0, g, active.share)
-        first = torch.full((active.n_groups,), -1, dtype=torch.int64, device=out.device)
-        first[g] = torch.arange(g.numel(), device=out.device)
-        p, col, bucket = active.p[first], active.col[first], active.bucket[first]
-        rest_s = lv.bucket_share[bucket] - tracked_s
-        per_share = torch.where(rest_s > 0, (xe_rows[bucket, col] - tracked_x) / torch.where(rest_s > 0, rest_s, 1.0),
-                                torch.zeros_like(rest_s))
-        owner, pos, _ = kernels.segment_positions(lv.by_passage.crow, p)
-        e = lv.by_passage.col[pos]
-        out[e, col[owner]] = lv.by_passage.val[pos] * per_share[owner]
-        out[active.e, active.col] = active.final
+    if split is not None:
+        out[split.e] = xe_rows[split.R:split.R + split.k]
     return out
 
 
@@ -244,8 +279,9 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
     observers of ``observe_steps``); a column that stops is
     written out at once and dropped from the working set at the next compaction (when a quarter of it
     has stopped), so late iterations cost only what is left. With graph.leaves the walk runs on the
-    merged leaf buckets; the change and (with ``entity_scores``) the entity scores are those of the
-    full graph (see Leaves).
+    merged leaf buckets, the leaves with reset mass on rows of their own (_SplitLeaves, built once per
+    call, so a step is kernels.ppr_step alone); the change and (with ``entity_scores``) the entity
+    scores are those of the full graph (see Leaves).
 
     reset_p [P, B] and reset_e ([E, B], or its nonzero entries as ColumnEntries) are cleaned (NaN and
     negatives -> 0) and normalised per column.
@@ -263,42 +299,36 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
     rp.div_(norm)
     ev = ev / norm[reset_e.col]
     lv = graph.leaves
-    active = None
-    rows = graph.to_entities.shape[0]  # rows of the walk's entity space
+    split = None
+    walk = graph  # the operator the steps run on
     e_rows = reset_e.row
     if lv is not None:
-        active = _ActiveLeaves(lv, ColumnEntries(reset_e.row, reset_e.col, ev, (rows, B)))
-        e_rows = lv.row[e_rows]
+        e_rows = lv.row.index_select(0, reset_e.row)
+        with_reset = lv.is_leaf.index_select(0, reset_e.row) & (ev > 0)
+        if bool(with_reset.any()):  # leaves with reset mass get rows of their own (_SplitLeaves)
+            split = _SplitLeaves(graph, reset_e.row[with_reset])
+            e_rows[with_reset] = split.rows_of_given
+            walk = split.walk
+    rows = walk.to_entities.shape[0]  # rows of the walk's entity space
     re = torch.zeros(rows, B, dtype=rp.dtype, device=rp.device).index_put_((e_rows, reset_e.col), ev, accumulate=True)
     d = cfg.damping
     # working set: the reset (wrp, wre), the iterate (xp, xe) and an output buffer pair, columns `cols`
     cols = torch.arange(B, device=rp.device)
-    work_of = torch.arange(B, device=rp.device)  # original column -> working column (-1: compacted away)
     wrp, wre = rp, re
     xp, xe = rp.clone(), re.clone()
     bp, be = torch.empty_like(xp), torch.empty_like(xe)
     last = torch.full_like(total, float("inf"))
     running = torch.ones_like(valid)  # over the working columns
-    tracked = active is not None and active.e.numel() > 0
-    pairs = _LivePairs(active, work_of) if tracked else None
     for _ in range(cfg.ppr_max_iter):
-        g = None
-        if tracked:
-            g = graph.dangling_mass(xp, xe)
-            c = (1.0 - d) + d * g
-            xp_at = xp[pairs.p, pairs.w]  # gathered before the step scratches xp, xe
-            L_old = xe[pairs.bucket, pairs.w]
         for observer in _OBSERVERS:
-            observer.before_step(graph, cols)
-        change = graph.ppr_step(xp, xe, wrp, wre, d, bp, be, g)
-        if tracked:
-            change = change + _leaf_correction(active, pairs, xp_at, L_old, be, c, running, d)
+            observer.before_step(walk, cols)
+        change = walk.ppr_step(xp, xe, wrp, wre, d, bp, be)
         for observer in _OBSERVERS:
-            observer.after_step(graph, cols, change)
+            observer.after_step(walk, cols, change)
         xp, bp, xe, be = bp, xp, be, xe  # the new iterate; the old one is scratch
         # the L1 change shrinks by at least d per step in exact arithmetic; once it stops shrinking the
         # column sits at the float rounding floor (about 1e-7 in float32), where more steps change nothing
-        stop = running & ((change < cfg.ppr_tol) | (change >= last))
+        stop = (change < cfg.ppr_tol).logical_or_(change >= last).logical_and_(running)
         last = change
         if not bool(stop.any()):
             continue
@@ -317,11 +347,7 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
             # the kept columns move into the scratch buffers' storage; the old iterate's becomes scratch
             xp, bp = torch.index_select(xp, 1, k, out=_head(bp, n_run)), _head(xp, n_run)
             xe, be = torch.index_select(xe, 1, k, out=_head(be, n_run)), _head(xe, n_run)
-            work_of.fill_(-1)
-            work_of[cols[k]] = torch.arange(n_run, device=rp.device)
             cols, last, running = cols[k], last[k], running[k]
-            if tracked:
-                pairs = _LivePairs(active, work_of)
     else:
         rp[:, cols[running]] = xp[:, running]  # ppr_max_iter reached
         re[:, cols[running]] = xe[:, running]
@@ -329,48 +355,7 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
         return rp, None, valid
     if lv is None:
         return rp, re, valid
-    return rp, _expand_entities(lv, re, active), valid
-
-
-class _LivePairs:
-    """The tracked leaf pairs whose column is still in the working set, and the grouping the leaf
-    correction needs: fixed between two compactions, so computed once per compaction, not per step."""
-
-    def __init__(self, active: _ActiveLeaves, work_of: torch.Tensor):
-        w = work_of[active.col]
-        live = w >= 0
-        self.index = torch.nonzero(live).flatten()  # positions among the tracked pairs
-        self.w = w[live]  # working column of each live pair
-        self.p, self.bucket = active.p[live], active.bucket[live]
-        self.share, self.r = active.share[live], active.r[live]
-        self.group = active.group[live]
-        first = torch.full((active.n_groups,), -1, dtype=torch.int64, device=w.device)
-        first[self.group] = torch.arange(self.group.numel(), device=w.device)
-        self.has = first >= 0  # groups with a live pair
-        self.rep = first[self.has]  # one live pair of each such group
-        self.rep_w = self.w[self.rep]
-
-
-def _leaf_correction(active: _ActiveLeaves, pairs: _LivePairs, xp_at, L_old, out_e, c, running, d):
-    """Per working column: the tracked leaves' part of the L1 change that the bucket rows miss,
-
-        sum over (passage, column) with tracked leaves A of  sum_A |dx_e| + |dL - sum_A dx_e| - |dL|
-
-    (the untracked leaves of a passage all move with sign(dL - sum_A dx_e)); advances the tracked x_e."""
-    keep = running[pairs.w]  # columns that already stopped keep their leaves' values
-    x_new = d * pairs.share * xp_at + c[pairs.w] * pairs.r
-    dx = x_new - active.x[pairs.index]
-    dL = out_e[pairs.bucket, pairs.w] - L_old
-    n = active.n_groups
-    sum_dx = torch.zeros(n, dtype=dx.dtype, device=dx.device).index_add_(0, pairs.group, dx)
-    sum_abs = torch.zeros(n, dtype=dx.dtype, device=dx.device).index_add_(0, pairs.group, dx.abs())
-    dLg = dL[pairs.rep]
-    corr = sum_abs[pairs.has] + (dLg - sum_dx[pairs.has]).abs() - dLg.abs()
-    change = torch.zeros(running.numel(), dtype=dx.dtype, device=dx.device).index_add_(0, pairs.rep_w, corr)
-    idx = pairs.index[keep]
-    active.x[idx] = x_new[keep]
-    active.final[idx] = x_new[keep]
-    return change
+    return rp, _expand_entities(lv, re, split), valid
 
 
 def _head(buf: torch.Tensor, cols: int) -> torch.Tensor:
