@@ -107,6 +107,9 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--backend", choices=("torch", "scipy"), default="torch", help="torch engine or the scipy reference")
     q.add_argument("--batch-size", type=_positive_int, default=256, help="questions per batched call (default %(default)s)")
     _query_speed_args(q)
+    q.add_argument("--shards", type=_positive_int, default=None, metavar="N",
+                   help="split the index over N local processes (torch.distributed: gloo on CPU, NCCL on GPUs) "
+                        "and answer as one; prints what one process prints (README: across machines with torchrun)")
     _device_arg(q)
     _add_settings(q, stored=True)
 
@@ -279,6 +282,10 @@ def cmd_query(args) -> int:
     from .api import LinearRAG
 
     items = _question_items(args)
+    if args.shards:
+        from .sharded import cmd_query_sharded
+
+        return cmd_query_sharded(args, items)
     from .pipeline import set_threads
 
     set_threads(args.threads)
@@ -288,15 +295,20 @@ def cmd_query(args) -> int:
     for start in range(0, len(items), args.batch_size):
         chunk = items[start:start + args.batch_size]
         results += rag.search([it["question"] for it in chunk], top_k=args.top_k, backend=args.backend)
+    print_hits(items, results, args.json)
+    return 0
+
+
+def print_hits(items: list, results: list, as_json: bool) -> None:
+    """What `linearrag query` prints: per question its hits (api.Hit), as text or JSON lines."""
     for it, hits in zip(items, results):
-        if args.json:
+        if as_json:
             print(json.dumps({"id": it["id"], "question": it["question"],
                               "hits": [{"id": h.id, "score": h.score, "title": h.title} for h in hits]}, ensure_ascii=False))
         else:
             print(f"Q {it['id']}: {it['question']}")
             for rank, h in enumerate(hits, 1):
                 print(f"  {rank}. [{h.id}] {h.title or _snippet(h.text, 60)}  score {h.score:.4g}")
-    return 0
 
 
 def _snippet(text: str, n: int) -> str:
