@@ -92,11 +92,36 @@ def second_round_queries(index, queries: EncodedQueries, seeds: list[dict]) -> E
         emb.append((E.index_select(0, torch.tensor(ents, dtype=torch.int64)).float() * w[:, None]).to(dev))
         owner.append(torch.full((len(ents),), b, dtype=torch.int64, device=queries.entity_owner.device))
         text.extend(index.entities[e] for e in ents)
-    rows = queries.entity_rows
-    if rows is not None:  # the question entities' stored-vector rows (pipeline.py) stay; chain seeds scan (-1)
-        extra = sum(len(sd) for sd in seeds)
-        rows = torch.cat([rows, torch.full((extra,), -1, dtype=rows.dtype, device=rows.device)])
-    return EncodedQueries(queries.query_emb, torch.cat(emb), torch.cat(owner), text, rows, queries.rows_of)
+    # stored-vector rows (EncodedQueries.entity_rows): the question entities' stay (pipeline.py); a chain seed
+    # is its entity's own vector, so its nearest entity is itself unless another entity has its encoder
+    # tokens (an equal vector up to rounding): those scan (-1), as do all of them without token keys
+    unique = _tokens_unique(index)
+    extra = [e if unique is not None and unique[e] else -1 for sd in seeds for e in sorted(sd)]
+    if not extra or max(extra) < 0:
+        rows = queries.entity_rows
+        if rows is not None:
+            rows = torch.cat([rows, torch.full((len(extra),), -1, dtype=rows.dtype, device=rows.device)])
+        return EncodedQueries(queries.query_emb, torch.cat(emb), torch.cat(owner), text, rows, queries.rows_of)
+    dev = queries.entity_owner.device
+    own = queries.entity_rows if queries.entity_rows is not None and queries.rows_of is index else None
+    own = own.to(dev) if own is not None else torch.full((queries.entity_owner.numel(),), -1, dtype=torch.int64, device=dev)
+    rows = torch.cat([own, torch.tensor(extra, dtype=torch.int64, device=dev)])
+    return EncodedQueries(queries.query_emb, torch.cat(emb), torch.cat(owner), text, rows, index)
+
+
+_UNIQUE: list = [None, None]  # (the token hashes, whether each entity's are unique) of the last index asked
+
+
+def _tokens_unique(index):
+    """[E] bool: the entity shares its encoder tokens (TokenKeys hash) with no other entity; None without keys."""
+    keys = getattr(index, "keys", None)
+    hashes = getattr(keys, "entities", None)
+    if hashes is None or hashes.numel() != len(index.entities):
+        return None
+    if _UNIQUE[0] is not hashes:
+        _, inv, counts = torch.unique(hashes, return_inverse=True, return_counts=True)
+        _UNIQUE[:] = [hashes, (counts[inv] == 1).tolist()]
+    return _UNIQUE[1]
 
 
 def merge(first: Retrieved, second: Retrieved, keep: int, k: int) -> Retrieved:

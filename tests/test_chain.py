@@ -162,3 +162,31 @@ def test_merge_gives_a_kept_passage_its_second_round_score():
     second = Retrieved(torch.tensor([[2, 4, 9]]), torch.tensor([[0.6, 0.6, 0.2]]))
     out = merge(first, second, keep=1, k=3)
     assert out.indices.tolist() == [[4, 2, 9]] and out.scores[0].tolist() == pytest.approx([0.6, 0.6, 0.2])
+
+
+def test_chain_seeds_take_their_own_row_unless_another_entity_has_their_tokens():
+    """A chain seed is its entity's stored vector: with token keys, a seed whose tokens no other entity has
+    carries its row (the engine skips the scan), one sharing them (e1, e3 here) is scanned; the seeds equal
+    the scan's either way, and an index without keys scans them all (as before)."""
+    import dataclasses
+
+    from linearrag_torch.index.graph import TokenKeys
+
+    base = tiny_index()
+    emb = base.entity_emb.clone()
+    emb[3] = emb[1]  # e1 and e3: equal tokens, so equal vectors
+    keys = TokenKeys(torch.zeros(3, dtype=torch.int64), torch.zeros(4, dtype=torch.int64),
+                     torch.tensor([10, 11, 12, 11]))
+    ix = dataclasses.replace(base, entity_emb=emb, keys=keys)
+    q = one_question()  # its entity e2 was encoded (row -1)
+    seeds = [{0: 0.8, 1: 0.3, 3: 0.5}]
+    enc = second_round_queries(ix, q, seeds)
+    assert enc.rows_of is ix and enc.entity_rows.tolist() == [-1, 0, -1, -1]
+    known = seed_pairs(ix.entity_emb, enc.entity_emb, enc.entity_owner, 1, enc.entity_rows)
+    scan = seed_pairs(ix.entity_emb, enc.entity_emb, enc.entity_owner, 1)
+    assert torch.equal(known[0], scan[0]) and torch.allclose(known[1], scan[1], atol=1e-7)
+    assert second_round_queries(base, q, seeds).entity_rows is None  # no token keys: every seed scans
+    graph = DeviceGraph(ix)
+    cfg = RetrievalConfig(chain_passages=2, chain_sentences=2, delta=0.1)
+    out = retrieve(graph, q, cfg)
+    assert_same(out, reference.retrieve(ix, q, cfg))
