@@ -11,7 +11,9 @@ EXTRAS = {
     "bench": ["matplotlib>=3.7", "bm25s>=0.2"],
     "scatter": ["torch-scatter>=2.1"],  # optional accelerator; compiles from source
     "triton": ["triton>=3.0"],  # the CUDA kernels (CUDA torch wheels usually bring it); CPU: interpreter tests
-    "ray": ["ray[data]>=2.10"],  # `linearrag index|add --ray`: NER and encoding on a Ray cluster (ray_build.py)
+    # `linearrag index|add --ray`: NER and encoding on a Ray cluster (ray_build.py); `linearrag serve --ray`:
+    # engine replicas on Ray Serve (serve/ray_app.py: late-bound FastAPI ingress, 429 backpressure; tested on 2.60)
+    "ray": ["ray[data,serve]>=2.60"],
 }
 # everything optional that installs from PyPI wheels (torch-scatter compiles, Triton is CI's own pin)
 EXTRAS["all"] = sorted({r for k in ("serve", "gen", "langchain", "llamaindex", "haystack", "bench", "ray") for r in EXTRAS[k]})

@@ -118,12 +118,17 @@ def parser() -> argparse.ArgumentParser:
                                     "'linearrag_torch[serve]'). Concurrent requests are batched into one engine call "
                                     "(up to --max-batch-size questions or --max-wait-ms). Routes: POST /v1/search, "
                                     "GET /health, /info, /metrics (Prometheus), POST /admin/reload, and the OpenAPI "
-                                    "page at /docs. SIGTERM answers the requests in flight, then exits 0.")
+                                    "page at /docs. SIGTERM answers the requests in flight, then exits 0. With --ray: "
+                                    "the same routes on Ray Serve, --replicas N (or --autoscale MIN,MAX) engine "
+                                    "replicas, one per GPU where the cluster has GPUs (pip install "
+                                    "'linearrag_torch[ray]').")
     sv.add_argument("index_dir", metavar="INDEX_DIR")
     from .generation import add_llm_flags
+    from .serve.ray_app import add_flags as add_ray_flags
     from .serve.settings import add_flags as add_serve_flags
 
     add_serve_flags(sv)
+    add_ray_flags(sv)
     add_llm_flags(sv)  # optional: POST /v1/answer needs a chat model
 
     an = sub.add_parser("answer", help="answer questions with a chat model from the retrieved passages",
@@ -323,6 +328,12 @@ def cmd_serve(args) -> int:
         raise ValueError(f"serving needs the 'serve' extra: pip install 'linearrag_torch[serve]' ({exc})") from None
     from .serve.settings import from_args
 
+    from .serve.ray_app import RaySettings
+    from .serve.ray_app import from_args as ray_from_args
+
+    ray_settings = ray_from_args(args)
+    if not ray_settings.ray and ray_settings != RaySettings():
+        raise ValueError("the Ray Serve settings (--replicas, --autoscale, ...) need --ray")
     _open_for_update(args.index_dir)  # a clear error now for a folder that holds no index
     llm = None
     if args.llm_base_url or args.llm_model or os.environ.get("LINEARRAG_LLM_BASE_URL"):
@@ -332,6 +343,18 @@ def cmd_serve(args) -> int:
             llm = llm_from_args(args)
         except LLMError as exc:  # no model, say: status 2
             raise ValueError(str(exc)) from None
+    if ray_settings.ray:
+        try:
+            from ray import serve as _  # noqa: F401
+        except ImportError as exc:
+            raise ValueError(f"--ray needs the 'ray' extra: pip install 'linearrag_torch[ray]' ({exc})") from None
+        import functools
+
+        from .serve.ray_app import serve_ray
+
+        # the ingress replica makes its own LLM from the same flags (an LLM object holds locks and a cache)
+        llm_factory = functools.partial(llm_from_args, args) if llm is not None else None
+        return serve_ray(os.path.abspath(args.index_dir), from_args(args), ray_settings, llm_factory)
     return serve(args.index_dir, from_args(args), llm)
 
 

@@ -307,10 +307,15 @@ class LinearRAGService:
         """(questions, hits per question) of a validated request, through the batcher."""
         questions = req.questions if req.questions is not None else [req.question]
         top_k = req.top_k or self.rag.config.top_k
-        key = tuple(sorted((k, getattr(req, k)) for k in type(req).model_fields
-                           if k not in ("question", "questions", "top_k", "include_text") and getattr(req, k) is not None))
-        hits = await asyncio.wait_for(self.batcher.submit(key, [(q, top_k) for q in questions]), self.settings.timeout)
+        hits = await asyncio.wait_for(self.batcher.submit(self.batch_key(req), [(q, top_k) for q in questions]),
+                                      self.settings.timeout)
         return questions, hits
+
+    @staticmethod
+    def batch_key(req) -> tuple:
+        """The request's retrieval settings as a hashable key: only questions with the same key share a batch."""
+        return tuple(sorted((k, getattr(req, k)) for k in type(req).model_fields
+                            if k not in ("question", "questions", "top_k", "include_text") and getattr(req, k) is not None))
 
     async def _admitted(self, work, req):
         """Run ``work(req)`` as one request in flight: 503 before the index is ready, 429 past max_concurrent,
@@ -367,6 +372,10 @@ class LinearRAGService:
             msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
             raise HTTPError(422, [{"type": "json_invalid", "loc": ["body"], "msg": f"invalid JSON: {msg}"}],
                             "invalid") from None
+
+    async def ainfo(self) -> dict:
+        """GET /info (a service answering from elsewhere, such as the Ray ingress, overrides this)."""
+        return self.info()
 
     def info(self) -> dict:
         import torch
@@ -466,7 +475,7 @@ class LinearRAGService:
         @router.get("/info", summary="index counts, settings, device, version, memory")
         async def info(request: Request):
             async def work():
-                return svc.info()
+                return await svc.ainfo()
             return await guarded("/info", request, work)
 
         @router.get("/metrics", summary="Prometheus metrics")

@@ -1,0 +1,288 @@
+"""`linearrag serve --ray`: the Ray Serve application (serve/ray_app.py) on a local Ray started here.
+
+One application for the module (2 engine replicas on a 2-CPU local Ray, HTTP on 127.0.0.1): results equal
+the single-process server's; a bounded burst past --max-concurrent + --max-queued gives only 200s and
+429s (with Retry-After); an engine replica killed during a bounded load is replaced and every request is
+answered 200 or with a status the client can retry (429/503). Every wait is bounded.
+"""
+import asyncio
+import socket
+import threading
+import time
+from collections import Counter
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+pytest.importorskip("prometheus_client")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("ray.serve")
+import ray  # noqa: E402
+from ray import serve  # noqa: E402
+
+from linearrag_torch.serve import LinearRAGService, ServeSettings  # noqa: E402
+from linearrag_torch.serve import ray_app  # noqa: E402
+from linearrag_torch.serve.ray_app import ENGINE, RaySettings, build_app, deployment_options  # noqa: E402
+
+TIMEOUT = 60  # seconds any single request may take
+REPLACE_TIMEOUT = 240  # seconds for a killed replica's successor to load the models and the index
+REPLICAS = 2
+MAX_CONCURRENT = 4  # requests each engine replica takes at once (Ray's max_ongoing_requests)
+MAX_QUEUED = 4  # requests waiting for a replica; one more is a 429
+RETRYABLE = {429, 503}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def engine_replicas() -> set:
+    """Names of the live engine replica actors (ray.util.list_named_actors; no dashboard needed)."""
+    prefix = f"SERVE_REPLICA::{ray_app.APP_NAME}#{ENGINE}#"
+    return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)}
+
+
+def running_engine_replicas() -> int:
+    return ray_app._replica_states().get(ENGINE, {}).get("RUNNING", 0)
+
+
+@pytest.fixture(scope="module")
+def ray_url(small_index_dir):
+    """The application on a local Ray: (base URL, settings)."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
+             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}})
+    try:
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        # the replicas use the test process's torch threads: a sum over other threads may round differently
+        settings = ServeSettings(max_concurrent=MAX_CONCURRENT, max_batch_size=8, timeout=TIMEOUT,
+                                 threads=torch.get_num_threads())
+        ray_settings = RaySettings(ray=True, replicas=REPLICAS, max_queued=MAX_QUEUED)
+        serve.run(build_app(small_index_dir, settings, ray_settings), name=ray_app.APP_NAME, route_prefix="/")
+        url = f"http://127.0.0.1:{port}"
+        assert httpx.get(url + "/health", timeout=TIMEOUT).status_code == 200
+        yield url, settings
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def disk_rag(small_index_dir, nlp, encoder):
+    """The index as the replicas see it: loaded from its folder (the session's models)."""
+    from linearrag_torch import LinearRAG
+    from linearrag_torch.index import TriGraphIndex
+
+    return LinearRAG(TriGraphIndex.load(small_index_dir, device="cpu"), "cpu", nlp=nlp, encoder=encoder)
+
+
+def single_process(rag, bodies) -> list:
+    """What the single-process server (LinearRAGService in process, same index) answers to each body."""
+    async def go():
+        service = LinearRAGService(None, ServeSettings(), rag=rag)
+        async with service.lifespan():
+            deadline = time.monotonic() + TIMEOUT
+            while not service.ready:
+                assert time.monotonic() < deadline and not service.load_error, service.load_error
+                await asyncio.sleep(0.02)
+            return [await service.search(b) for b in bodies]
+    return asyncio.run(go())
+
+
+def assert_same(got: dict, want: dict) -> None:
+    assert [r["question"] for r in got["results"]] == [r["question"] for r in want["results"]]
+    for g, w in zip(got["results"], want["results"]):
+        assert [(h["id"], h["title"], h.get("text")) for h in g["hits"]] == \
+               [(h["id"], h["title"], h.get("text")) for h in w["hits"]], g["question"]
+        # as tests/test_serve.py: the same passages in the same order, scores within 1e-5
+        assert all(abs(hg["score"] - hw["score"]) < 1e-5 for hg, hw in zip(g["hits"], w["hits"])), g["question"]
+
+
+def burst(url: str, bodies: list, clients: int) -> list:
+    """Send ``bodies`` with ``clients`` concurrent connections; the status (or exception name) of each."""
+    async def go():
+        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+        async with httpx.AsyncClient(timeout=TIMEOUT, limits=limits) as http:
+            async def one(b):
+                try:
+                    return await http.post(url + "/v1/search", json=b)
+                except httpx.HTTPError as exc:
+                    return type(exc).__name__
+            return await asyncio.gather(*(one(b) for b in bodies))
+    return asyncio.run(go())
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=TIMEOUT).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+# ---------------------------------------------------------------------------------------------- equality
+def test_results_equal_single_process_server(ray_url, disk_rag, small_questions):
+    url, _ = ray_url
+    qs = [q["question"] for q in small_questions]
+    bodies = [{"questions": qs, "top_k": 5},
+              {"question": qs[0], "top_k": 3, "include_text": True},
+              {"questions": qs[2:5], "mode": "paper", "chain_passages": 0, "delta": 0.3}]
+    want = single_process(disk_rag, bodies)
+    questions_before = metric(url, "linearrag_questions_total")
+    for body, w in zip(bodies, want):
+        r = httpx.post(url + "/v1/search", json=body, timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        assert_same(r.json(), w)
+    # concurrent one-question requests (Ray's @serve.batch coalesces them) answer as the same questions alone;
+    # fewer clients than MAX_QUEUED: Ray counts a request as queued until a replica took it, so a burst of
+    # MAX_QUEUED or more may see a 429 even with free replica slots
+    resps = burst(url, [{"question": q} for q in qs * 2], clients=MAX_QUEUED - 1)
+    assert all(not isinstance(r, str) and r.status_code == 200 for r in resps), resps
+    alone = single_process(disk_rag, [{"question": q} for q in qs])
+    for r, w in zip(resps, alone * 2):
+        assert_same(r.json(), w)
+    # every engine call's statistics reached the ingress's /metrics: the questions answered, counted once
+    sent = len(qs) + 1 + 3 + 2 * len(qs)
+    assert metric(url, "linearrag_questions_total") - questions_before == sent
+
+
+def test_same_validation_and_routes(ray_url):
+    url, settings = ray_url
+    r = httpx.post(url + "/v1/search", json={"question": "x", "top_k": settings.max_top_k + 1}, timeout=TIMEOUT)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "top_k"]
+    r = httpx.post(url + "/v1/search", json={"question": "x", "colour": "red"}, timeout=TIMEOUT)
+    assert r.status_code == 422 and "colour" in r.text
+    r = httpx.post(url + "/v1/search", content=b"{not json", timeout=TIMEOUT)
+    assert r.status_code == 422 and "invalid JSON" in r.text
+    r = httpx.post(url + "/v1/search", content=b"x" * (settings.max_body_bytes + 1), timeout=TIMEOUT)
+    assert r.status_code == 413
+    info = httpx.get(url + "/info", timeout=TIMEOUT).json()
+    assert info["index"]["passages"] == 60 and info["ready"] is True
+    assert info["ray"]["replicas"][ENGINE] == {"RUNNING": REPLICAS}
+    assert info["server"]["max_concurrent"] == MAX_CONCURRENT
+    r = httpx.post(url + "/admin/reload", timeout=TIMEOUT)
+    assert r.status_code == 409 and "--watch" in r.text  # replicas reload themselves (--watch), not by this route
+
+
+# ---------------------------------------------------------------------------------------------- backpressure
+def test_backpressure_gives_429_and_no_other_failure(ray_url, small_questions):
+    url, _ = ray_url
+    qs = [q["question"] for q in small_questions]
+    capacity = REPLICAS * MAX_CONCURRENT + MAX_QUEUED
+    n = 4 * capacity  # within what the ingress takes at once, so every 429 is the engine's backpressure
+    overloaded_before = metric(url, 'linearrag_failures_total{reason="overloaded"}')
+    resps = burst(url, [{"questions": qs} for _ in range(n)], clients=n)
+    statuses = Counter(r if isinstance(r, str) else r.status_code for r in resps)
+    assert set(statuses) <= {200, 429}, statuses
+    assert statuses[200] >= 1 and statuses[429] >= 1, statuses
+    for r in resps:
+        if r.status_code == 429:
+            assert r.headers.get("retry-after") == "1" and "retry" in r.text
+    assert metric(url, 'linearrag_failures_total{reason="overloaded"}') - overloaded_before == statuses[429]
+    # and it recovers: the next request is answered
+    assert httpx.post(url + "/v1/search", json={"question": qs[0]}, timeout=TIMEOUT).status_code == 200
+
+
+# ---------------------------------------------------------------------------------------------- fault
+def test_killed_replica_is_replaced_and_no_request_is_lost(ray_url, small_questions):
+    url, _ = ray_url
+    qs = [q["question"] for q in small_questions]
+    before = engine_replicas()
+    assert len(before) == REPLICAS
+    victim = sorted(before)[0]
+    # bounded load: 24 requests of 24 questions (long engine calls: the victim is busy when it is killed)
+    clients, per_client, n_q = 4, 6, 24
+    outcomes: list = []
+    done = threading.Event()
+    answered = Counter()
+
+    async def load():
+        async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+            async def client(i):
+                for j in range(per_client):
+                    body = {"questions": [qs[(i + j + k) % len(qs)] for k in range(n_q)]}
+                    try:
+                        r = await http.post(url + "/v1/search", json=body)
+                        outcomes.append(r.status_code)
+                        if r.status_code == 200:
+                            assert len(r.json()["results"]) == n_q
+                    except httpx.HTTPError as exc:
+                        outcomes.append(type(exc).__name__)
+                    answered["n"] += 1
+            await asyncio.gather(*(client(i) for i in range(clients)))
+
+    thread = threading.Thread(target=lambda: (asyncio.run(load()), done.set()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + TIMEOUT
+    while answered["n"] < clients and time.monotonic() < deadline and not done.is_set():
+        time.sleep(0.01)
+    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)  # mid-load: its searches in flight die
+    thread.join(clients * per_client * TIMEOUT)
+    assert done.is_set(), "the load did not finish"
+    statuses = Counter(outcomes)
+    print(f"killed {victim}: {dict(statuses)}, searches retried on another replica: "
+          f"{metric(url, 'linearrag_replica_retries_total'):.0f}")
+    assert len(outcomes) == clients * per_client
+    assert set(statuses) <= {200} | RETRYABLE, statuses  # nothing lost without a status the client can retry
+    assert statuses[200] >= clients * per_client // 2, statuses
+    # Ray Serve replaces the replica: a new one (another name) loads the index and runs
+    deadline = time.monotonic() + REPLACE_TIMEOUT
+    while True:
+        now = engine_replicas()
+        if victim not in now and len(now) == REPLICAS and running_engine_replicas() == REPLICAS:
+            break
+        assert time.monotonic() < deadline, f"not replaced within {REPLACE_TIMEOUT} s: {now}"
+        time.sleep(0.5)
+    assert now - before, "no new replica"
+    resps = burst(url, [{"question": q} for q in qs], clients=MAX_QUEUED - 1)
+    assert all(not isinstance(r, str) and r.status_code == 200 for r in resps), resps
+
+
+# ---------------------------------------------------------------------------------------------- settings
+def test_deployment_options(monkeypatch):
+    s = ServeSettings(max_concurrent=32, max_batch_size=16)
+    monkeypatch.setattr(ray_app, "_gpus_in_cluster", lambda: 0.0)
+    engine, ingress = deployment_options(s, RaySettings(ray=True))
+    assert engine["num_replicas"] == 1 and engine["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0.0}
+    assert engine["max_ongoing_requests"] == 32 and engine["max_queued_requests"] == 256
+    assert engine["backpressure_config"].status_code == 429 and engine["backpressure_config"].retry_after_s == 1
+    assert ingress["ray_actor_options"] == {"num_cpus": 0}
+    # the ingress never refuses what the engine would hold
+    assert ingress["max_ongoing_requests"] >= 32 + 256 and ingress["max_queued_requests"] >= 32 + 256
+    # one replica per GPU where the cluster has GPUs
+    monkeypatch.setattr(ray_app, "_gpus_in_cluster", lambda: 4.0)
+    engine, _ = deployment_options(s, RaySettings(ray=True))
+    assert engine["num_replicas"] == 4 and engine["ray_actor_options"]["num_gpus"] == 1.0
+    engine, ingress = deployment_options(s, RaySettings(ray=True, autoscale="1,6", target_ongoing=8))
+    assert "num_replicas" not in engine
+    assert engine["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 6, "initial_replicas": 1,
+                                            "target_ongoing_requests": 8}
+    assert ingress["max_ongoing_requests"] >= 6 * 32 + 256
+
+
+def test_ray_settings_errors():
+    with pytest.raises(ValueError, match="not both"):
+        RaySettings(replicas=2, autoscale="1,3")
+    with pytest.raises(ValueError, match="MIN,MAX"):
+        RaySettings(autoscale="3")
+    with pytest.raises(ValueError, match="MIN <= MAX"):
+        RaySettings(autoscale="4,2")
+    with pytest.raises(ValueError, match="replicas must be >= 1"):
+        RaySettings(replicas=0)
+    with pytest.raises(ValueError, match="unknown setting"):
+        ray_app.app_builder({"index_dir": "x", "replicaz": "2"})
+    coerced = ray_app._coerce(RaySettings, {"replicas": "3", "replica_gpus": "none", "ray": "true"})
+    assert coerced == {"replicas": 3, "replica_gpus": None, "ray": True}
+
+
+def test_cli_ray_flags_need_ray(small_index_dir, capsys):
+    from linearrag_torch.cli import main
+
+    assert main(["serve", str(small_index_dir), "--replicas", "2"]) == 2
+    assert "need --ray" in capsys.readouterr().err
+    assert main(["serve", str(small_index_dir), "--ray", "--replicas", "2", "--autoscale", "1,2"]) == 2
+    assert "not both" in capsys.readouterr().err
