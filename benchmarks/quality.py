@@ -10,6 +10,7 @@ cached (see benchmarks/README.md). Every system ranks all questions in ONE batch
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import hashlib
 import json
@@ -27,6 +28,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from linearrag_torch import LinearRAG  # noqa: E402
+from linearrag_torch.api import resolve_device  # noqa: E402
+from linearrag_torch.encoding import resolve_precision  # noqa: E402
 from linearrag_torch.config import IndexConfig, RetrievalConfig  # noqa: E402
 from linearrag_torch.corpus import read_questions  # noqa: E402
 from linearrag_torch.metrics import answer_in_context, normalize_answer  # noqa: E402,F401
@@ -95,12 +98,19 @@ def system_config(name: str, default_cfg: RetrievalConfig):
     return base.replace(top_k=TOP_K, **overrides)
 
 
-def index_config_for(name: str):
-    """The IndexConfig of a system's index, or None if IndexConfig lacks one of its fields."""
+def index_config_for(name: str, base: IndexConfig | None = None):
+    """The IndexConfig of a system's index (``base`` with the system's overrides), or None if IndexConfig
+    lacks one of its fields."""
     overrides = SYSTEMS[name][2]
     if set(overrides) - set(IndexConfig().to_dict()):
         return None
-    return IndexConfig(**overrides)
+    return dataclasses.replace(base or IndexConfig(), **overrides)
+
+
+def _base_index_config(args) -> IndexConfig:
+    """IndexConfig() with --encoder-precision when given."""
+    precision = getattr(args, "encoder_precision", None)
+    return IndexConfig() if precision is None else IndexConfig(encoder_precision=precision)
 
 
 # ---------------------------------------------------------------------------------------- metrics
@@ -142,12 +152,19 @@ def _metric_order(k: str):
 
 # ---------------------------------------------------------------------------------------- index cache
 def cache_key(corpus_path: Path, index_config: IndexConfig) -> str:
+    """sha256 of the corpus and the IndexConfig. encoder_precision enters resolved for this machine
+    ("auto" = what LinearRAG.build would use here) and only when it is not float32, so that indexes
+    cached before the setting existed (float32) keep their keys."""
+    d = index_config.to_dict()
+    precision = resolve_precision(d.pop("encoder_precision", "float32"), resolve_device("auto"))
+    if precision != "float32":
+        d["encoder_precision"] = precision
     h = hashlib.sha256()
     with open(corpus_path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     h.update(b"\0")
-    h.update(json.dumps(index_config.to_dict(), sort_keys=True).encode())
+    h.update(json.dumps(d, sort_keys=True).encode())
     return h.hexdigest()
 
 
@@ -416,6 +433,9 @@ def main(argv=None) -> int:
     ap.add_argument("--index-config", action="store_true",
                     help="use the RetrievalConfig stored with the (possibly cached) index instead of the "
                          "current defaults")
+    ap.add_argument("--encoder-precision", choices=IndexConfig.__dataclass_fields__["encoder_precision"].metadata["choices"],
+                    default=None, help="IndexConfig.encoder_precision of the indexes built (and cached) and of the "
+                                       "question encoder (default: IndexConfig's default)")
     ap.add_argument("--modes", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS), metavar="SYSTEM",
                     help=f"systems to run (default all): {', '.join(SYSTEMS)}")
     args = ap.parse_args(argv)
@@ -500,7 +520,8 @@ def run_dataset(args, data: Path, write: bool = True) -> dict:
         for j in range(len(q.get("supporting_ids") or [])):
             hop_counts[str(j + 1)] = hop_counts.get(str(j + 1), 0) + 1
 
-    rag, build_info = load_or_build(corpus_path, args.cache.expanduser(), args.rebuild)
+    base_icfg = _base_index_config(args)
+    rag, build_info = load_or_build(corpus_path, args.cache.expanduser(), args.rebuild, index_config=base_icfg)
     index = rag.index
     ids = index.passage_ids
     id_to_row = {str(pid): i for i, pid in enumerate(ids)}
@@ -552,7 +573,7 @@ def run_dataset(args, data: Path, write: bool = True) -> dict:
                 continue
             if args.index_config and not SYSTEMS[n][1].get(REFERENCE_CODE):
                 cfg = base_cfg.replace(**{k: v for k, v in SYSTEMS[n][1].items() if k != REFERENCE_CODE})
-        icfg = index_config_for(n) if SYSTEMS[n][2] else main_index_cfg
+        icfg = index_config_for(n, base_icfg) if SYSTEMS[n][2] else main_index_cfg
         if icfg is None:
             print(f"[skip] {n}: this IndexConfig has no field {sorted(SYSTEMS[n][2])}", file=sys.stderr)
             continue

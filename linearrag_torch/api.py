@@ -265,4 +265,4 @@ def _load_encoder(cfg: IndexConfig, device, quantize: str | None = None):
     from .encoding import Encoder
 
     return Encoder(cfg.encoder, device=str(device), max_length=cfg.max_length, batch_size=cfg.batch_size,
-                   quantize=quantize)
+                   quantize=quantize, precision=cfg.encoder_precision)  # a loaded index's: what built it

