@@ -25,6 +25,7 @@ inside an initialised process group (``Comm(None)`` for one process without torc
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import time
@@ -117,6 +118,31 @@ class Comm:
 # ------------------------------------------------------------------------------------------------- shards
 
 
+def _query_embeddings(emb: torch.Tensor, device) -> torch.Tensor:
+    """Stored vectors as the single-process engine keeps them on ``device`` (engine.query_embeddings where
+    it exists: half-precision indexes), else as stored."""
+    from . import engine
+
+    f = getattr(engine, "query_embeddings", None)
+    return f(emb, device) if f is not None else emb.to(device)
+
+
+def _cosines(emb: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """emb @ qᵀ as the single-process engine computes it (engine.cosines where it exists)."""
+    from . import engine
+
+    f = getattr(engine, "cosines", None)
+    return f(emb, q) if f is not None else emb @ q.to(emb.dtype).T
+
+
+def _find(sorted_ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Position of each x in the sorted id list, -1 where absent."""
+    if sorted_ids.numel() == 0:
+        return torch.full_like(x, -1)
+    i = torch.searchsorted(sorted_ids, x).clamp_(max=sorted_ids.numel() - 1)
+    return torch.where(sorted_ids[i] == x, i, torch.full_like(i, -1))
+
+
 def passage_bounds(passages: int, world: int) -> list:
     """Rank r holds passages bounds[r] .. bounds[r + 1] - 1 (contiguous, equal counts within one)."""
     return [passages * r // world for r in range(world + 1)]
@@ -133,8 +159,9 @@ class Shard:
                 sentence_emb [S_r, D], texts, M [S_r, E_r]; ``owned_MT`` [E_r, S_r] keeps only the
                 sentences this rank owns (the lowest passage holding it is local): activation counts
                 every sentence once
-    entities    C, N and M columns of those rows, entity_emb [E_r, D], ``owned`` (this rank scans them
-                for seeds and provides their vectors: every entity has exactly one owner)
+    entities    C, N and M columns of those rows (ids only); ``owned_entities`` [E_o] (sorted global ids)
+                with entity_emb [E_o, D]: every entity has exactly one owner, which alone holds its
+                vector, scans it for seeds and provides it to chain rounds
     walk        the PageRank operator on the local passages and the walk's entity rows: the entities
                 only this rank's passages touch (private) and every entity whose passages lie on
                 several ranks (shared, the same list on every rank; their partial products are
@@ -159,8 +186,8 @@ class Shard:
     M: Csr  # [S_r, E_r]
     PS: Csr  # [P_r, S_r]
     entities: torch.Tensor  # [E_r] global ids
-    entity_emb: torch.Tensor
-    owned_entity: torch.Tensor  # [E_r] bool
+    owned_entities: torch.Tensor  # [E_o] global ids, sorted
+    entity_emb: torch.Tensor  # [E_o, D]
     walk_private: torch.Tensor  # [n_priv] local entity rows
     walk_shared: torch.Tensor  # [n_sh] global ids (every rank: the same list)
     shared_local: torch.Tensor  # [n_sh] local entity row of each shared entity, -1 where not local
@@ -215,6 +242,7 @@ class Shard:
             need_e[mat.col[pos]] = True
         need_e |= ent_owner == rank
         ents = torch.nonzero(need_e).flatten()
+        owned_ids = torch.nonzero(ent_owner == rank).flatten()  # a subset of ents
         # the walk: strengths are global sums (an entity's passages may lie on several ranks)
         strength_p = C.row_sums().double()
         strength_e = torch.zeros(E, dtype=torch.float64).index_add_(0, C.col, C.val.double())
@@ -251,14 +279,14 @@ class Shard:
         return Shard(
             rank=rank, world=world, lo=lo, hi=hi, num_passages=P, num_entities=E,
             passage_ids=list(index.passage_ids[lo:hi]), titles=list(index.titles[lo:hi]), texts=list(index.texts[lo:hi]),
-            passage_emb=index.passage_emb[lo:hi].to(dev),
+            passage_emb=_query_embeddings(index.passage_emb[lo:hi], dev),
             N_logT=N_loc.with_values(torch.log1p(N_loc.val)).transpose().to(dev),
             sentences=sents.to(dev), sentence_texts=[index.sentences[i] for i in sents.tolist()],
-            sentence_emb=index.sentence_emb.index_select(0, sents).to(dev),
+            sentence_emb=_query_embeddings(index.sentence_emb.index_select(0, sents), dev),
             owned_sentence=(sent_owner.index_select(0, sents) == rank).to(dev),
             M=M_loc.to(dev), PS=PS_loc.to(dev),
-            entities=ents.to(dev), entity_emb=index.entity_emb.index_select(0, ents).to(dev),
-            owned_entity=(ent_owner.index_select(0, ents) == rank).to(dev),
+            entities=ents.to(dev), owned_entities=owned_ids.to(dev),
+            entity_emb=_query_embeddings(index.entity_emb.index_select(0, owned_ids), dev),
             walk_private=local_e.index_select(0, walk_private_g).to(dev), walk_shared=walk_shared.to(dev),
             shared_local=local_e.index_select(0, walk_shared).to(dev),
             to_passages=to_p.to(dev), to_entities=to_e.to(dev),
@@ -276,6 +304,10 @@ class Shard:
             return torch.full_like(e, -1)
         i = torch.searchsorted(self.entities, e).clamp_(max=self.entities.numel() - 1)
         return torch.where(self.entities[i] == e, i, torch.full_like(i, -1))
+
+    def owned_row(self, e: torch.Tensor) -> torch.Tensor:
+        """Row in entity_emb of each global entity id, -1 where this shard does not own it."""
+        return _find(self.owned_entities, e)
 
     def local_sentence(self, s: torch.Tensor) -> torch.Tensor:
         if self.sentences.numel() == 0:
@@ -307,7 +339,7 @@ class Shard:
         return {
             "passage_emb": t(self.passage_emb), "sentence_emb": t(self.sentence_emb), "entity_emb": t(self.entity_emb),
             "matrices": csr(self.N_logT) + csr(self.M) + csr(self.PS) + csr(self.to_passages) + csr(self.to_entities)
-            + t(self.sentences, self.entities, self.owned_sentence, self.owned_entity, self.walk_private,
+            + t(self.sentences, self.entities, self.owned_sentence, self.owned_entities, self.walk_private,
                 self.walk_shared, self.shared_local),
         }
 
@@ -333,10 +365,27 @@ class ShardedEngine:
         if cfg.adjacent_passages:
             raise ValueError("adjacent_passages is not supported by the sharded engine (it links passages "
                              "across shard boundaries); query the index in one process")
-        queries = queries.to(self.shard.device)
+        queries = self._stored_vectors(queries.to(self.shard.device))
         if chain_enabled(cfg):
             return self._chain(queries, cfg)
         return self._one_round(queries, cfg)
+
+    def _stored_vectors(self, queries: EncodedQueries) -> EncodedQueries:
+        """The question entities with a stored-vector row get that entity's vector from its owner (the
+        question side may send a placeholder: QuestionIndex)."""
+        rows = queries.entity_rows
+        if rows is None or not bool((rows >= 0).any()):
+            return queries
+        sh = self.shard
+        hit = torch.nonzero(rows >= 0).flatten()
+        loc = sh.owned_row(rows[hit].to(sh.device))
+        vec = torch.zeros(hit.numel(), sh.dim, dtype=torch.float32, device=sh.device)
+        vec[loc >= 0] = sh.entity_emb[loc[loc >= 0]].float()
+        self.comm.phase = "seeds"
+        self.comm.all_reduce(vec)
+        emb = queries.entity_emb.clone()
+        emb[hit.to(emb.device)] = vec.to(emb.device, emb.dtype)
+        return dataclasses.replace(queries, entity_emb=emb)
 
     # ---------------------------------------------------------------------------------------------- seeds
     def seed_pairs(self, queries: EncodedQueries):
@@ -350,16 +399,15 @@ class ShardedEngine:
         arg = torch.zeros(Q, dtype=torch.int64, device=dev)
         known = queries.entity_rows.to(dev) if queries.entity_rows is not None else torch.full((Q,), -1, device=dev)
         scan = torch.nonzero(known < 0).flatten()
-        owned = torch.nonzero(sh.owned_entity).flatten()
-        if scan.numel() and owned.numel():
-            b, a = nearest_entities(sh.entity_emb.index_select(0, owned), queries.entity_emb.index_select(0, scan))
-            best[scan], arg[scan] = b, sh.entities[owned[a]]
+        if scan.numel() and sh.owned_entities.numel():
+            b, a = nearest_entities(sh.entity_emb, queries.entity_emb.index_select(0, scan))
+            best[scan], arg[scan] = b, sh.owned_entities[a]
         hit = torch.nonzero(known >= 0).flatten()
         if hit.numel():  # a stored vector: its own entity, with its self-cosine (nearest_entities' known path)
-            loc = sh.local_entity(known[hit])
-            mine = (loc >= 0) & sh.owned_entity[loc.clamp(min=0)]
+            loc = sh.owned_row(known[hit])
+            mine = loc >= 0
             v = sh.entity_emb[loc[mine]]
-            best[hit[mine]] = (v.to(sh.entity_emb.dtype) * v).sum(1)
+            best[hit[mine]] = (queries.entity_emb[hit[mine]].to(v.dtype) * v).sum(1)
             arg[hit] = known[hit]
         self.comm.phase = "seeds"
         both = self.comm.all_gather(torch.stack([best.double(), arg.double()]))  # [world, 2, Q]
@@ -390,7 +438,7 @@ class ShardedEngine:
         MT = sh.matrix("MT")
         MT_crow, MT_col = MT.crow_indices().to(torch.int64), MT.col_indices().to(torch.int64)
         M_crow, M_col = sh.M.crow, sh.M.col
-        sigma = (sh.sentence_emb, queries.query_emb.to(sh.sentence_emb.dtype))
+        sigma = (sh.sentence_emb, queries.query_emb)
         score, weight = seed_vals.clone(), seed_vals.clone()
         tier = torch.ones(keys.numel(), dtype=torch.int64, device=dev)
         e_idx, b_idx, f = keys // B, keys % B, seed_vals
@@ -460,7 +508,7 @@ class ShardedEngine:
         the dense [E, B] state is replicated, y = Mᵀ(sigma ⊙ M a) is summed over the ranks' owned sentences."""
         sh, B, comm = self.shard, queries.batch_size, self.comm
         E, dev = sh.num_entities, sh.device
-        sigma = (sh.sentence_emb, queries.query_emb.to(sh.sentence_emb.dtype))
+        sigma = (sh.sentence_emb, queries.query_emb)
         a = torch.zeros(E * B, dtype=seed_vals.dtype, device=dev).index_copy_(0, keys, seed_vals).view(E, B)
         tier = torch.zeros(E * B, dtype=torch.int64, device=dev).index_fill_(0, keys, 1).view(E, B)
         MT = sh.matrix("MT")
@@ -507,7 +555,7 @@ class ShardedEngine:
     def _one_round(self, queries: EncodedQueries, cfg: RetrievalConfig) -> Retrieved:
         sh, comm = self.shard, self.comm
         B, dev = queries.batch_size, sh.device
-        sim = sh.passage_emb @ queries.query_emb.to(sh.passage_emb.dtype).T  # [P_r, B]
+        sim = _cosines(sh.passage_emb, queries.query_emb)  # [P_r, B]
         act = self.activate(queries, cfg)
         use_graph = torch.zeros(B, dtype=torch.bool, device=dev)
         use_graph[act.col] = True
@@ -589,6 +637,7 @@ class ShardedEngine:
             t1 = time.perf_counter()
             comm.all_reduce(buf)
             t2 = time.perf_counter()
+            sent = buf.numel() * buf.element_size() if comm.world > 1 else 0
             y_sh, g, change = buf[:n_sh], buf[n_sh], buf[n_sh + 1]
             if t > 0:  # the stop rule of personalized_pagerank, for the step before
                 stop = (change < cfg.ppr_tol) | (change >= last)
@@ -598,7 +647,7 @@ class ShardedEngine:
                     k = torch.nonzero(~stop).flatten()
                     if k.numel() == 0:
                         if log is not None:
-                            log.append((buf.numel() * buf.element_size(), t1 - t0, t2 - t1))
+                            log.append((sent, t1 - t0, t2 - t1))
                         break
                     cols_w, last = cols_w[k], last[k]
                     xp, xe, rp, re = xp[:, k], xe[:, k], rp[:, k], re[:, k]
@@ -614,7 +663,7 @@ class ShardedEngine:
                 ch_loc = ch_loc + (out_e[n_priv:] - xe[n_priv:]).abs().sum(0)
             xp, xe = out_p, out_e
             if log is not None:
-                log.append((buf.numel() * buf.element_size(), (t1 - t0) + (time.perf_counter() - t3), t2 - t1))
+                log.append((sent, (t1 - t0) + (time.perf_counter() - t3), t2 - t1))
         else:
             result[:, cols_w] = xp  # ppr_max_iter reached
         return result, valid
@@ -700,8 +749,8 @@ class ShardedEngine:
             return queries
         e = torch.tensor(ents, dtype=torch.int64, device=sh.device)
         vec = torch.zeros(e.numel(), sh.dim, dtype=torch.float32, device=sh.device)
-        loc = sh.local_entity(e)
-        have = (loc >= 0) & sh.owned_entity[loc.clamp(min=0)]
+        loc = sh.owned_row(e)
+        have = loc >= 0
         vec[have] = sh.entity_emb[loc[have]].float()
         self.comm.phase = "chain"
         self.comm.all_reduce(vec)

@@ -127,7 +127,9 @@ def test_shards_partition_the_index():
     walk = torch.zeros(idx.num_entities, dtype=torch.int64)
     for s in shards:
         sent_owned.index_add_(0, s.sentences[s.owned_sentence], torch.ones(int(s.owned_sentence.sum()), dtype=torch.int64))
-        ent_owned.index_add_(0, s.entities[s.owned_entity], torch.ones(int(s.owned_entity.sum()), dtype=torch.int64))
+        assert bool(torch.isin(s.owned_entities, s.entities).all())
+        assert torch.equal(s.entity_emb, idx.entity_emb[s.owned_entities])
+        ent_owned.index_add_(0, s.owned_entities, torch.ones(s.owned_entities.numel(), dtype=torch.int64))
         walk.index_add_(0, s.entities[s.walk_private], torch.ones(s.walk_private.numel(), dtype=torch.int64))
         assert torch.equal(s.walk_shared, shards[0].walk_shared)
         # a local passage's sentences are all held here
@@ -179,3 +181,19 @@ def test_cli_shards_errors(small_index_dir, tmp_path, capsys):
     assert "--shards runs the torch engine" in capsys.readouterr().err
     assert main(["query", str(tmp_path), "Who?", "--shards", "2"]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_question_side_without_the_index_tensors(small_rag, small_questions, nlp, encoder):
+    """Rank 0's question path (QuestionIndex: strings and token hashes only, zero placeholders for stored
+    vectors) gives the answers of LinearRAG's own question path once the owners fill in the vectors."""
+    from linearrag_torch.sharded import QuestionIndex, encode_questions
+
+    qs = [q["question"] for q in small_questions]
+    cfg = small_rag.config
+    enc = encode_questions(QuestionIndex(small_rag.index), qs, cfg, nlp=nlp, encoder=encoder)
+    assert enc.entity_rows is not None and bool((enc.entity_rows >= 0).any())
+    assert float(enc.entity_emb[enc.entity_rows >= 0].abs().sum()) == 0.0  # placeholders: no index tensors read
+    got = ShardedEngine(Shard.build(small_rag.index, 0, 1), Comm(dist=False)).retrieve(enc, cfg)
+    want = _single(small_rag.index, small_rag.encode_queries(qs), cfg)
+    assert torch.equal(got.indices, want.indices)
+    assert (got.scores - want.scores).abs().max().item() <= 1e-5
