@@ -279,10 +279,10 @@ def test_ray_settings_errors():
     assert coerced == {"replicas": 3, "replica_gpus": None, "ray": True}
 
 
-def test_cli_ray_flags_need_ray(small_index_dir, capsys):
+def test_cli_ray_flags_need_ray(tmp_path, capsys):
     from linearrag_torch.cli import main
 
-    assert main(["serve", str(small_index_dir), "--replicas", "2"]) == 2
+    assert main(["serve", str(tmp_path), "--replicas", "2"]) == 2
     assert "need --ray" in capsys.readouterr().err
-    assert main(["serve", str(small_index_dir), "--ray", "--replicas", "2", "--autoscale", "1,2"]) == 2
+    assert main(["serve", str(tmp_path), "--ray", "--replicas", "2", "--autoscale", "1,2"]) == 2
     assert "not both" in capsys.readouterr().err

@@ -61,7 +61,9 @@ class RaySettings:
     max_ongoing_requests)."""
 
     ray: bool = _f(False, "serve with Ray Serve: engine replicas behind one HTTP ingress (pip install "
-                          "'linearrag_torch[ray]'); same routes and schema")
+                          "'linearrag_torch[ray]'); same routes and schema. Give --max-wait-ms (e.g. 20 on a CPU): "
+                          "Ray's @serve.batch closes a batch that long after its first question even while the "
+                          "engine is busy, so 0 means batches of about one question")
     replicas: int | None = _f(None, "engine replicas, each loading the index (default: one per GPU of the Ray "
                                     "cluster, else 1)", type=int)
     autoscale: str | None = _f(None, "MIN,MAX: Ray Serve scales the engine replicas between MIN and MAX by load "
