@@ -25,7 +25,9 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import socket
+import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -185,10 +187,28 @@ def _run_pool(ray, rows: list, actor_cls, size: int, key: str, remote_args: dict
     ds = ds.map_batches(actor_cls, batch_size=1, batch_format="numpy",
                         compute=ray.data.ActorPoolStrategy(size=max(1, min(size, len(rows)))), **remote_args)
     out = {}
-    for row in ds.iter_rows():
-        out[int(row[key])] = row
-        bar.update(int(row["count"]))
+    try:
+        for row in ds.iter_rows():
+            out[int(row[key])] = row
+            bar.update(int(row["count"]))
+    except ray.exceptions.RayError as exc:  # an actor failed: a model missing on a node, say
+        detail = _user_error(exc)
+        raise RayBuildError(f"the {actor_cls.__name__.strip('_')} pool failed on the Ray cluster: {detail}") from None
     return out
+
+
+def _user_error(exc: BaseException) -> str:
+    """The line of Ray's error text (with its wrappers' causes) that names the error raised in our code,
+    e.g. "...ModelLoadError: cannot load spaCy model 'x' ..."; else the text's first line."""
+    texts, seen, e = [], set(), exc
+    while isinstance(e, BaseException) and id(e) not in seen:
+        seen.add(id(e))
+        texts.append(str(e))
+        e = getattr(e, "cause", None) or e.__cause__
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for text in texts for line in text.splitlines()]
+    ours = [line for line in lines if re.match(r"^[\w.]*(Error|Exception): ", line)
+            and not re.match(r"^(ray\.|UserCodeException|RayTaskError)", line)]
+    return ours[-1] if ours else next((line for line in lines if line), type(exc).__name__)
 
 
 # ---------------------------------------------------------------------------------------------- NER
@@ -397,11 +417,12 @@ class _Session:
 
 
 def build(corpus, index_config: Optional[IndexConfig] = None, config: Optional[RetrievalConfig] = None,
-          options: Optional[RayOptions] = None, device="auto", progress: bool = True):
+          options: Optional[RayOptions] = None, device="auto", progress: bool = True, timings: Optional[dict] = None):
     """LinearRAG.build(corpus, ...) with NER and encoding on a Ray cluster (see the module's docstring).
 
     ``corpus``: a JSONL path or a list of Passage / dicts, as for LinearRAG.build. ``device``: where the
-    returned LinearRAG answers questions (the index itself is assembled on the CPU)."""
+    returned LinearRAG answers questions (the index itself is assembled on the CPU). ``timings``: if
+    given, receives the seconds of "connect" (Ray and the driver's tokenizer) and of build_index's stages."""
     from .api import LinearRAG, _is_path, _read_passages, resolve_device
     from .build import build_index
     from .corpus import check_new_ids
@@ -410,15 +431,19 @@ def build(corpus, index_config: Optional[IndexConfig] = None, config: Optional[R
     passages = _read_passages(corpus)
     check_new_ids(passages, (), source=corpus if _is_path(corpus) else None)
     index_config = index_config or IndexConfig()
+    t0 = time.perf_counter()
     session = _Session(options, progress)
     encoder = session.encoder(index_config)
+    if timings is not None:
+        timings["connect"] = time.perf_counter() - t0
     index = build_index(passages, index_config, config or RetrievalConfig(), device="cpu", progress=progress,
-                        encoder=encoder, analyse=session.analyse(index_config, progress))
+                        encoder=encoder, analyse=session.analyse(index_config, progress), timings=timings)
     return LinearRAG(index, dev)
 
 
-def add(rag, corpus, options: Optional[RayOptions] = None, progress: bool = True):
-    """rag.add(corpus) with NER and encoding on a Ray cluster; returns ``rag`` (call rag.save() to write)."""
+def add(rag, corpus, options: Optional[RayOptions] = None, progress: bool = True, timings: Optional[dict] = None):
+    """rag.add(corpus) with NER and encoding on a Ray cluster; returns ``rag`` (call rag.save() to write).
+    ``timings``: as for build()."""
     from .api import _is_path, _read_passages
     from .build import add_passages
     from .corpus import check_new_ids
@@ -426,10 +451,13 @@ def add(rag, corpus, options: Optional[RayOptions] = None, progress: bool = True
     passages = _read_passages(corpus, first_id=rag.index.num_passages)
     check_new_ids(passages, rag.index.passage_ids, source=corpus if _is_path(corpus) else None)
     cfg = rag.index.index_config
+    t0 = time.perf_counter()
     session = _Session(options, progress)
     encoder = RayEncoder(session.ray, cfg, session.plan, getattr(cfg, "encoder_precision", None))
+    if timings is not None:
+        timings["connect"] = time.perf_counter() - t0
     rag._set_index(add_passages(rag.index, passages, progress=progress, encoder=encoder,
-                                analyse=session.analyse(cfg, progress)))
+                                analyse=session.analyse(cfg, progress), timings=timings))
     return rag
 
 

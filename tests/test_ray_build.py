@@ -114,7 +114,7 @@ def local_first(passages, nlp, encoder):
 
 
 @pytest.fixture(scope="module")
-def ray_index_dir(ray_cluster, passages, tmp_path_factory, capsys_module=None):
+def ray_index_dir(ray_cluster, passages, tmp_path_factory):
     """`linearrag index CORPUS DIR --ray` of the first passages, one encoder actor with RAY_CPUS threads."""
     tmp = tmp_path_factory.mktemp("ray")
     corpus = write_jsonl(tmp / "first.jsonl", passages[:FIRST])
@@ -156,6 +156,12 @@ def test_an_unreachable_address_is_named(ray_cluster, passages, tmp_path, capsys
     assert rc == 2
     assert f"cannot reach the Ray cluster at '127.0.0.1:{port}'" in err
     assert not (tmp_path / "index").exists()
+
+
+def test_a_failing_actor_is_a_clear_error(ray_cluster, passages):
+    cfg = IndexConfig(spacy_model="no_such_spacy_model")
+    with deadline(RAY_DEADLINE_S), pytest.raises(ray_build.RayBuildError, match="NerActor pool failed.*no_such_spacy_model"):
+        ray_build.build(passages[:2], index_config=cfg, device="cpu", progress=False)
 
 
 # ------------------------------------------------------------------------------------- without a cluster
