@@ -77,15 +77,22 @@ def _ppr_step_torch(to_passages, to_entities, between_passages, dangling: bool, 
         torch.addmm(re, to_entities, xp, beta=1.0 - d, alpha=d, out=out_e)
     if between_passages is not None:
         out_p.addmm_(between_passages, xp, alpha=d)
-    # column sums of |x' - x| as ones @ |x' - x|: a GEMM reads the rows faster than sum(0) on CPU
-    ones_p, ones_e = _ones(workspace, xp), _ones(workspace, xe)
-    change = torch.mm(ones_p, xp.sub_(out_p).abs_())
-    return change.addmm_(ones_e, xe.sub_(out_e).abs_()).view(-1)
+    dp, de = xp.sub_(out_p).abs_(), xe.sub_(out_e).abs_()
+    if xp.shape[1] < GEMV_MIN_COLUMNS:  # a few columns: each is (nearly) contiguous, sum(0) is one cheap pass
+        return dp.sum(0).add_(de.sum(0))
+    # column sums of |x' - x| as |x' - x|^T ones: a GEMV reads the rows faster than sum(0) on CPU
+    change = torch.mv(dp.T, _ones(workspace, xp))
+    return change.addmv_(de.T, _ones(workspace, xe))
+
+
+# below this many columns the L1 change is summed with sum(0), from it on by a GEMV (CPU timings on
+# [2056, B] float32, one thread: sum(0) 2.4 us at B = 1 against 6.7 for the GEMV; 225 against 39 at B = 256)
+GEMV_MIN_COLUMNS = 16
 
 
 def _ones(workspace: dict, x: torch.Tensor) -> torch.Tensor:
-    """A [1, rows] row of ones for x's rows, cached in the workspace."""
+    """A vector of ones for x's rows, cached in the workspace."""
     key = ("ones", x.shape[0], x.device, x.dtype)
     if key not in workspace:
-        workspace[key] = torch.ones(1, x.shape[0], dtype=x.dtype, device=x.device)
+        workspace[key] = torch.ones(x.shape[0], dtype=x.dtype, device=x.device)
     return workspace[key]
