@@ -159,6 +159,8 @@ def cache_key(corpus_path: Path, index_config: IndexConfig) -> str:
     precision = resolve_precision(d.pop("encoder_precision", "float32"), resolve_device("auto"))
     if precision != "float32":
         d["encoder_precision"] = precision
+    if d.get("embedding_dtype") == "float32":  # likewise a later setting at its old behaviour
+        del d["embedding_dtype"]
     h = hashlib.sha256()
     with open(corpus_path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -24,7 +24,7 @@ from .config import IndexConfig, RetrievalConfig
 from .corpus import Passage, PassageId, check_new_ids
 from .counting import count_occurrences
 from .encoding import Encoder, TextEncoder, append_vectors, embed_texts, resolve_precision
-from .index import NER_PARTS, NerRecord, TokenKeys, TriGraphIndex, passage_text
+from .index import NER_PARTS, NerRecord, TokenKeys, TriGraphIndex, embedding_dtype, passage_text
 from .nlp import analyse_passages, bind_title, load_spacy
 from .sparse import Csr
 
@@ -65,7 +65,7 @@ def empty_index(index_config: Optional[IndexConfig] = None, retrieval_config: Op
         return Csr(torch.zeros(rows + 1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64),
                    torch.zeros(0, dtype=torch.float32), (rows, cols))
 
-    emb = torch.zeros(0, dim, dtype=torch.float32)
+    emb = torch.zeros(0, dim, dtype=embedding_dtype(index_config or IndexConfig()))  # vectors added are cast to it
     return TriGraphIndex(
         passage_ids=[], titles=[], texts=[], sentences=[], entities=[],
         passage_emb=emb, sentence_emb=emb.clone(), entity_emb=emb.clone(),

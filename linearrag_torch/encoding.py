@@ -6,6 +6,7 @@ library. Models are read from local folders only; nothing is ever downloaded.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import json
@@ -189,6 +190,16 @@ class Encoder:
         self.autocast = autocast
         self.precision = "float32" if autocast is None else str(autocast).removeprefix("torch.")
 
+    def with_precision(self, precision: str) -> "Encoder":
+        """This encoder in ``precision`` ("float32", "bfloat16" or "auto"), sharing its model and tokenizer
+        (autocast leaves the float32 weights as they are; nothing is loaded). ValueError for an int8 encoder."""
+        if self.quantize is not None:
+            raise ValueError(f"an int8 encoder ({self.quantize}) has no {precision} twin: load one")
+        twin = copy.copy(self)
+        twin.autocast = _AUTOCAST[resolve_precision(precision, self.device)]
+        twin.precision = "float32" if twin.autocast is None else str(twin.autocast).removeprefix("torch.")
+        return twin
+
     @property
     def dim(self) -> int:
         return int(self.model.config.hidden_size)
@@ -323,7 +334,10 @@ def embed_texts(encoder: TextEncoder, texts: Sequence[str], old_texts: Sequence[
 
 
 def append_vectors(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """An index's stored vectors followed by the new ones (ValueError when the dimensions differ)."""
+    """An index's stored vectors followed by the new ones, cast to the stored vectors' dtype
+    (IndexConfig.embedding_dtype: the new float32 vectors rounded as a fresh build rounds them; ValueError when
+    the dimensions differ)."""
+    new = new.to(old.dtype)
     if old.shape[0] == 0:
         return new.contiguous()
     if old.shape[1] != new.shape[1]:

@@ -34,14 +34,60 @@ BYTES_PER_WALK_ROW = 16
 BYTES_PER_ENTITY_PAPER = 32
 
 
+def native_half(dtype: torch.dtype, device) -> bool:
+    """Whether ``device`` multiplies ``dtype`` (float16 / bfloat16) natively, as fast as float32 or faster:
+    CUDA (bfloat16 where supported), a CPU with AMX-BF16 or AVX512-BF16 for bfloat16 and with AVX512-FP16
+    or AMX-FP16 for float16. Elsewhere torch emulates it, slower than float32."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return dtype == torch.float16 or (torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if dev.type != "cpu":
+        return False
+    try:
+        caps = torch.cpu.get_capabilities()
+    except (AttributeError, RuntimeError):  # older torch
+        return False
+    flags = ("amx_bf16", "avx512_bf16") if dtype == torch.bfloat16 else ("amx_fp16", "avx512_fp16")
+    return any(bool(caps.get(f)) for f in flags)
+
+
+def query_embeddings(emb: torch.Tensor, device, upcast: bool | None = None) -> torch.Tensor:
+    """Stored vectors as the query path multiplies them on ``device``: float32 ones as they are; half ones
+    (IndexConfig.embedding_dtype) kept half (half the memory; the products run in that dtype, see cosines)
+    unless ``upcast`` (None: when the device lacks native arithmetic in it, native_half), then float32 once here."""
+    if emb.dtype == torch.float32:
+        return emb.to(device)
+    if upcast is None:
+        upcast = not native_half(emb.dtype, device)
+    return emb.to(device, torch.float32) if upcast else emb.to(device)
+
+
+def cosines(emb: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """emb [N, D] @ q [B, D]ᵀ as float32 [N, B]. With half ``emb`` the product runs in its dtype (the
+    question vectors rounded to it; AMX and tensor cores accumulate in float32): off the CPU with a float32
+    result (torch.mm's out_dtype), on the CPU rounded to that dtype and then widened."""
+    if emb.dtype == q.dtype:
+        return emb @ q.T
+    qh = q.to(emb.dtype)
+    if emb.device.type != "cpu":
+        try:
+            return torch.mm(emb, qh.T, out_dtype=torch.float32)
+        except (RuntimeError, TypeError, NotImplementedError):  # a torch or device without it
+            pass
+    return (emb @ qh.T).float()
+
+
 class DeviceGraph:
     """The tensors the query path multiplies by, prepared once per index and device.
 
     M [S, E] and its transpose MT [E, S] as real CSR (torch's .t() is a slow CSC view on CPU),
     N_log [P, E] = ln(1 + N), and the PPR operator (built lazily per adjacent_passages setting).
+    The embeddings stay in a half-precision index's dtype where the device computes in it natively and
+    ``upcast`` is not True (query_embeddings); scores and everything after them are float32.
     """
 
-    def __init__(self, index: TriGraphIndex, device="cpu", memory_budget: int | None = None):
+    def __init__(self, index: TriGraphIndex, device="cpu", memory_budget: int | None = None,
+                 upcast: bool | None = None):
         self.device = torch.device(device)
         self.index = index
         self.memory_budget = memory_budget  # None: default_memory_budget(device) at query time
@@ -52,9 +98,9 @@ class DeviceGraph:
         N = index.N.to("cpu")
         self.N_logT = N.with_values(torch.log1p(N.val)).transpose().to(self.device)  # eq. 7: active entities' columns
         self._torch_csr = {}
-        self.passage_emb = index.passage_emb.to(self.device)
-        self.sentence_emb = index.sentence_emb.to(self.device)
-        self.entity_emb = index.entity_emb.to(self.device)
+        self.passage_emb = query_embeddings(index.passage_emb, self.device, upcast)
+        self.sentence_emb = query_embeddings(index.sentence_emb, self.device, upcast)
+        self.entity_emb = query_embeddings(index.entity_emb, self.device, upcast)
         self._ppr = {}
 
     def _csr(self, name: str, make) -> torch.Tensor:
@@ -128,8 +174,11 @@ def activate_pairs(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalCo
     the activation visits. Only paper mode forms dense [E, B] state."""
     B, E = queries.batch_size, graph.entity_emb.shape[0]
     known = queries.entity_rows if queries.rows_of is graph.index else None  # stored vectors' rows (pipeline.py)
-    keys, vals = seed_pairs(graph.entity_emb, queries.entity_emb, queries.entity_owner, B, known)
-    sigma = (graph.sentence_emb, queries.query_emb)
+    # half embeddings: the nearest-entity scan in their dtype, the seed values float32 from there on
+    keys, vals = seed_pairs(graph.entity_emb, queries.entity_emb.to(graph.entity_emb.dtype), queries.entity_owner, B,
+                            known)
+    vals = vals.float()
+    sigma = (graph.sentence_emb, queries.query_emb)  # float32 sigma either way (kernels.gather_sigma)
     if not cfg.use_activation:
         act = ActivePairs.from_keys(keys, vals, torch.ones_like(keys), vals, (E, B))
     elif cfg.mode == "paper":
@@ -177,7 +226,7 @@ def _retrieve_chunk(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalC
     B = queries.batch_size
     P, E = graph.passage_emb.shape[0], graph.entity_emb.shape[0]
     k = min(cfg.top_k, P)
-    sim = graph.passage_emb @ queries.query_emb.T  # [P, B]
+    sim = cosines(graph.passage_emb, queries.query_emb)  # [P, B] float32
     seed_keys, seed_vals, act = activate_pairs(graph, queries, cfg)
     # the active (entity, question) pairs: eq. 7's sum and the PageRank reset are nonzero only there
     e, b = act.row, act.col

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 
 def _f64(t: torch.Tensor) -> np.ndarray:
-    return np.asarray(t.detach().cpu().numpy(), dtype=np.float64)
+    return np.asarray(t.detach().cpu().double().numpy(), dtype=np.float64)  # (numpy has no bfloat16)
 
 
 def _csr64(mat) -> sp.csr_matrix:

@@ -12,12 +12,12 @@
 This package's names below are its public interface (``from linearrag_torch.index import TriGraphIndex``).
 """
 from .errors import IndexFormatError, IndexLockedError
-from .graph import NerRecord, TokenKeys, TriGraphIndex, passage_text
+from .graph import NerRecord, TokenKeys, TriGraphIndex, embedding_dtype, passage_text
 from .layout import FORMAT, FORMAT_VERSION, KEY_PARTS, MATRICES, NER_PARTS
 from .lock import LOCK_NAME, index_lock
 from .storage import PAUSE_ENV
 
 __all__ = [
     "FORMAT", "FORMAT_VERSION", "IndexFormatError", "IndexLockedError", "KEY_PARTS", "LOCK_NAME", "MATRICES", "NER_PARTS",
-    "NerRecord", "PAUSE_ENV", "TokenKeys", "TriGraphIndex", "index_lock", "passage_text",
+    "NerRecord", "PAUSE_ENV", "TokenKeys", "TriGraphIndex", "embedding_dtype", "index_lock", "passage_text",
 ]

@@ -14,12 +14,25 @@ from typing import Optional
 
 import torch
 
-from ..config import IndexConfig, RetrievalConfig
+from ..config import EMBEDDING_DTYPES, IndexConfig, RetrievalConfig
 from ..sparse import Csr
 from . import storage
 from .errors import IndexFormatError
 from .layout import EMBEDDINGS, KEY_PARTS, KEY_TENSORS, MATRICES, NER_PARTS, NER_TENSORS, STRINGS
 from .lock import index_lock
+
+
+EMBEDDING_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+assert tuple(EMBEDDING_TORCH_DTYPES) == EMBEDDING_DTYPES
+
+
+def embedding_dtype(index_config: IndexConfig) -> torch.dtype:
+    """The torch dtype the index's vectors are stored in (IndexConfig.embedding_dtype); ValueError naming
+    the choices for anything else."""
+    name = index_config.embedding_dtype
+    if isinstance(name, str) and name in EMBEDDING_TORCH_DTYPES:
+        return EMBEDDING_TORCH_DTYPES[name]
+    raise ValueError(f"embedding_dtype must be one of {EMBEDDING_DTYPES}, got {name!r}")
 
 
 def passage_text(title: str, text: str) -> str:
@@ -86,6 +99,8 @@ class TriGraphIndex:
     PS [P x S]  PS[p, s] = 1 if sentence s occurs in passage p (sentences are keyed by their text)
     ner         the NER record of every passage (NerRecord); None for indexes written before it existed
     keys        hashes of every text's encoder tokens (TokenKeys); None for indexes written before they existed
+    The three embeddings are in index_config.embedding_dtype (float32, float16 or bfloat16: computed in
+    float32, stored rounded); the matrices are float32 whatever it is.
     """
 
     passage_ids: list
@@ -121,6 +136,15 @@ class TriGraphIndex:
     def dim(self) -> int:
         return int(self.passage_emb.shape[1])
 
+    def with_embedding_dtype(self, name: str) -> "TriGraphIndex":
+        """A copy whose embeddings are stored as ``name`` (IndexConfig.embedding_dtype: "float32",
+        "float16" or "bfloat16"): each vector rounded to the nearest value of that type (torch's cast), the
+        rest shared. From float32 this equals building with that setting (the build computes float32 and
+        casts); from a half type to float32 it does not bring back the bits rounded away."""
+        cfg = dataclasses.replace(self.index_config, embedding_dtype=name)
+        dtype = embedding_dtype(cfg)
+        return dataclasses.replace(self, index_config=cfg, **{k: getattr(self, k).to(dtype) for k in EMBEDDINGS})
+
     def passage_text(self, i: int) -> str:
         """The text of passage i that is analysed, embedded and searched (module function passage_text)."""
         return passage_text(self.titles[i], self.texts[i])
@@ -139,6 +163,10 @@ class TriGraphIndex:
     def validate(self) -> None:
         """Raise IndexFormatError naming the first inconsistency between counts, shapes and dtypes."""
         P, S, E = self.num_passages, self.num_sentences, self.num_entities
+        try:
+            want = embedding_dtype(self.index_config)
+        except ValueError as exc:
+            raise IndexFormatError(f"index_config: {exc}") from None
         for name, n in (("titles", len(self.titles)), ("texts", len(self.texts))):
             if n != P:
                 raise IndexFormatError(f"{name} has {n} entries but there are {P} passages")
@@ -147,8 +175,9 @@ class TriGraphIndex:
             ("sentence_emb", self.sentence_emb, S),
             ("entity_emb", self.entity_emb, E),
         ):
-            if emb.dtype != torch.float32 or emb.dim() != 2:
-                raise IndexFormatError(f"{name}: expected a 2-d float32 tensor, got {emb.dtype} {tuple(emb.shape)}")
+            if emb.dtype != want or emb.dim() != 2:
+                raise IndexFormatError(f"{name}: expected a 2-d {self.index_config.embedding_dtype} tensor "
+                                       f"(index_config.embedding_dtype), got {emb.dtype} {tuple(emb.shape)}")
             if emb.shape[0] != rows:
                 raise IndexFormatError(f"{name} has {emb.shape[0]} rows, expected {rows}")
             if emb.shape[1] != self.passage_emb.shape[1]:

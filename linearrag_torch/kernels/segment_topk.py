@@ -30,9 +30,11 @@ def segment_positions(crow: torch.Tensor, rows: torch.Tensor):
 def gather_sigma(sigma, s: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 16) -> torch.Tensor:
     """sigma[s, b] for index vectors s, b. ``sigma`` is the pair (sentence_emb [S, D], query_emb [B, D]):
     sigma[s, b] = <sentence_emb[s], query_emb[b]> (eq. 4) is computed for the asked pairs only, ``chunk``
-    pairs at a time (testing.sigma_pair writes a dense [S, B] sigma in this form)."""
+    pairs at a time (testing.sigma_pair writes a dense [S, B] sigma in this form). Half-precision sentence
+    vectors and float32 questions give float32 sigma (the products are formed in float32)."""
     sentence_emb, query_emb = sigma
-    out = torch.empty(s.numel(), dtype=sentence_emb.dtype, device=sentence_emb.device)
+    out = torch.empty(s.numel(), dtype=torch.promote_types(sentence_emb.dtype, query_emb.dtype),
+                      device=sentence_emb.device)
     for i in range(0, s.numel(), chunk):
         j = min(i + chunk, s.numel())
         out[i:j] = (sentence_emb[s[i:j]] * query_emb[b[i:j]]).sum(dim=1)
