@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import torch
@@ -18,6 +19,7 @@ from .index import TriGraphIndex
 from .queries import EncodedQueries, Retrieved
 
 BACKENDS = ("torch", "scipy")
+QUESTION_ENCODERS = (None, "bfloat16", "int8", "int8-all")  # LinearRAG(quantize=...)
 
 
 class Hit(NamedTuple):
@@ -42,13 +44,18 @@ class LinearRAG:
     """A Tri-Graph index on a device, with the spaCy and encoder models that made it."""
 
     def __init__(self, index: TriGraphIndex, device="auto", nlp=None, encoder=None, quantize: str | None = None):
-        """``quantize``: None (the exact float32 encoder), "int8" or "int8-all" (dynamically quantised
-        Linear layers, CPU only: faster question encoding, vectors within cosine ~0.99 / ~0.98 of the
-        exact ones; see encoding.quantize_int8)."""
+        """``quantize``: the question encoder. None: float32, exact, and a question's vector does not depend
+        on the other questions of its batch beyond float noise (~1e-7), whatever precision the index was
+        encoded in (IndexConfig.encoder_precision). "bfloat16": bf16 autocast, where the device has native
+        bf16 (encoding.native_bf16; float32 elsewhere): ~2.4x faster on a CPU with AMX, but a vector then
+        depends on its batch by up to ~1e-3 per component (the kernels change with the batch's shape), so
+        near-tied passages may swap with the batch. "int8" or "int8-all" (dynamically quantised Linear
+        layers, CPU only: faster, vectors within cosine ~0.99 / ~0.98 of the exact ones; see
+        encoding.quantize_int8). ``encoder``, when given, is used as it is for questions."""
         self.device = resolve_device(device)
-        if quantize not in (None, "int8", "int8-all"):
-            raise ValueError(f"quantize must be None, 'int8' or 'int8-all', got {quantize!r}")
-        if quantize and self.device.type != "cpu":
+        if quantize not in QUESTION_ENCODERS:
+            raise ValueError(f"quantize must be one of {QUESTION_ENCODERS}, got {quantize!r}")
+        if quantize in ("int8", "int8-all") and self.device.type != "cpu":
             raise ValueError(f"quantize={quantize!r} runs on the CPU only, the device is {self.device}")
         self.index = index
         self.config = index.retrieval_config
@@ -71,10 +78,12 @@ class LinearRAG:
         check_new_ids(passages, (), source=corpus if _is_path(corpus) else None)
         index_config = index_config or IndexConfig()
         nlp = nlp or _load_nlp(index_config)
+        given = encoder is not None
         encoder = encoder or _load_encoder(index_config, dev)
         index = build_index(passages, index_config, config or RetrievalConfig(), device=str(dev),
                             progress=progress, nlp=nlp, encoder=encoder)
-        return cls(index, dev, nlp, encoder)
+        # questions in float32 (see __init__) with the same model, unless the caller chose the encoder
+        return cls(index, dev, nlp, encoder if given else _with_precision(encoder, "float32"))
 
     @classmethod
     def load(cls, path, device="auto", quantize: str | None = None) -> "LinearRAG":
@@ -97,7 +106,8 @@ class LinearRAG:
 
         passages = _read_passages(corpus, first_id=self.index.num_passages)
         check_new_ids(passages, self.index.passage_ids, source=corpus if _is_path(corpus) else None)
-        self._set_index(add_passages(self.index, passages, progress=progress, nlp=self.nlp, encoder=self.encoder))
+        self._set_index(add_passages(self.index, passages, progress=progress, nlp=self.nlp,
+                                     encoder=self._passage_encoder()))
         return self
 
     def delete(self, ids) -> "LinearRAG":
@@ -126,10 +136,20 @@ class LinearRAG:
 
     @property
     def encoder(self):
+        """The question encoder (``quantize`` in __init__)."""
         if self._encoder is None:
-            extra = {"quantize": self.quantize} if self.quantize else {}  # (tests stand in a 2-argument loader)
-            self._encoder = _load_encoder(self.index.index_config, self.device, **extra)
+            self._encoder = load_question_encoder(self.index.index_config, self.device, self.quantize)
         return self._encoder
+
+    def _passage_encoder(self):
+        """What add() encodes new passages with: the question encoder's model in the precision the index was
+        encoded in (the vectors a full build would make), loaded apart only where the question encoder is int8."""
+        enc, want = self.encoder, self.index.index_config.encoder_precision
+        if not isinstance(getattr(enc, "precision", None), str) or (enc.precision == want and enc.quantize is None):
+            return enc  # a stand-in encoder, or the right one already
+        if enc.quantize is None:
+            return enc.with_precision(want)
+        return _load_encoder(self.index.index_config, self.device)
 
     @property
     def pipeline(self):
@@ -261,8 +281,24 @@ def _load_nlp(cfg: IndexConfig):
     return load_spacy(cfg.spacy_model)
 
 
+def _with_precision(encoder, precision: str):
+    """``encoder`` (an encoding.Encoder) in ``precision``, sharing its model; a stand-in or int8 one as it is."""
+    if getattr(encoder, "quantize", "stand-in") is None and encoder.precision != precision:
+        return encoder.with_precision(precision)
+    return encoder
+
+
+def load_question_encoder(cfg: IndexConfig, device, quantize: str | None = None):
+    """The question encoder of an index made with ``cfg``: its model, in float32 whatever the index was
+    encoded in, or as ``quantize`` asks (LinearRAG.__init__)."""
+    cfg = dataclasses.replace(cfg, encoder_precision="bfloat16" if quantize == "bfloat16" else "float32")
+    int8 = quantize if quantize in ("int8", "int8-all") else None
+    extra = {"quantize": int8} if int8 else {}  # (tests stand in a 2-argument loader)
+    return _load_encoder(cfg, device, **extra)
+
+
 def _load_encoder(cfg: IndexConfig, device, quantize: str | None = None):
     from .encoding import Encoder
 
     return Encoder(cfg.encoder, device=str(device), max_length=cfg.max_length, batch_size=cfg.batch_size,
-                   quantize=quantize, precision=cfg.encoder_precision)  # a loaded index's: what built it
+                   quantize=quantize, precision=cfg.encoder_precision)

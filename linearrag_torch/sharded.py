@@ -962,10 +962,9 @@ def query_job(comm: Comm, index_dir: str, questions: list, overrides: dict, top_
     engine = ShardedEngine(shard, comm)
     encoder = None
     if comm.rank == 0:
-        from .api import _load_encoder
+        from .api import load_question_encoder
 
-        extra = {"quantize": quantize} if quantize else {}
-        encoder = _load_encoder(qindex.index_config, dev, **extra)
+        encoder = load_question_encoder(qindex.index_config, dev, quantize)
     results = []
     for start in range(0, len(questions), batch_size):
         chunk = questions[start:start + batch_size]

@@ -1,5 +1,6 @@
 """IndexConfig.encoder_precision: "auto" resolved from the device's bf16 support, stored resolved with the
-index, followed by the question encoder; old indexes load as float32; bf16 vectors close to float32; a
+index; questions encoded in float32 unless asked otherwise, `add` in the index's precision; old indexes load
+as float32; bf16 vectors close to float32; a
 float32 build gives the plain float32 encoder's vectors."""
 import hashlib
 import json
@@ -80,7 +81,7 @@ def test_float32_build_holds_the_plain_float32_encoders_vectors(few, nlp, encode
     assert torch.equal(ix.entity_emb, encoder.encode(ix.entities))
 
 
-def test_auto_is_stored_resolved_and_the_question_encoder_follows_it(few, nlp, tmp_path, monkeypatch):
+def test_auto_is_stored_resolved(few, nlp, tmp_path, monkeypatch):
     _cpu_caps(monkeypatch, amx=True, avx512_bf16=True)
     ix = build_index(few, IndexConfig(encoder_precision="auto"), nlp=nlp, progress=False)
     assert ix.index_config.encoder_precision == "bfloat16"
@@ -93,7 +94,6 @@ def test_auto_is_stored_resolved_and_the_question_encoder_follows_it(few, nlp, t
     _cpu_caps(monkeypatch, amx=False, avx512_bf16=False)
     loaded = LinearRAG.load(tmp_path / "bf16", device="cpu")
     assert loaded.index.index_config.encoder_precision == "bfloat16"
-    assert loaded.encoder.precision == "bfloat16"
     # on a machine without bf16, auto builds in float32, stored as such
     assert build_index(few[:2], IndexConfig(encoder_precision="auto"), nlp=nlp,
                        progress=False).index_config.encoder_precision == "float32"
@@ -118,6 +118,7 @@ def test_benchmark_cache_keys_of_float32_indexes_are_unchanged(small_corpus, mon
     IndexConfig without the field), and keys bf16 builds apart."""
     old_dict = IndexConfig().to_dict()
     del old_dict["encoder_precision"]
+    del old_dict["embedding_dtype"]
     h = hashlib.sha256(small_corpus.read_bytes())
     h.update(b"\0")
     h.update(json.dumps(old_dict, sort_keys=True).encode())
@@ -130,3 +131,19 @@ def test_benchmark_cache_keys_of_float32_indexes_are_unchanged(small_corpus, mon
     _cpu_caps(monkeypatch, amx=True, avx512_bf16=True)
     assert quality.cache_key(small_corpus, IndexConfig(encoder_precision="auto")) == \
         quality.cache_key(small_corpus, IndexConfig(encoder_precision="bfloat16"))
+
+
+def test_questions_are_float32_and_add_encodes_in_the_index_precision(few, nlp):
+    ix = build_index(few[:3], IndexConfig(encoder_precision="bfloat16"), nlp=nlp, progress=False)
+    rag = LinearRAG(ix, "cpu", nlp=nlp)
+    assert rag.encoder.precision == "float32"  # exact questions: batch-independent (LinearRAG.__init__)
+    assert LinearRAG(ix, "cpu", nlp=nlp, quantize="bfloat16").encoder.precision == "bfloat16"
+    built = LinearRAG.build(few[:3], IndexConfig(encoder_precision="bfloat16"), device="cpu", progress=False, nlp=nlp)
+    assert built.index.index_config.encoder_precision == "bfloat16" and built.encoder.precision == "float32"
+    # new passages are encoded as the index was: bf16, with the question encoder's model (nothing reloaded)
+    rag.add(few[3:])
+    assert rag.encoder.precision == "float32" and rag._passage_encoder().model is rag.encoder.model
+    texts = [passage_text(p.title, p.text) for p in few[3:]]
+    new = rag.index.passage_emb[3:]
+    assert torch.equal(new, Encoder(precision="bfloat16").encode(texts))
+    assert not torch.equal(new, Encoder(precision="float32").encode(texts))

@@ -119,7 +119,8 @@ def ray_index_dir(ray_cluster, passages, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ray")
     corpus = write_jsonl(tmp / "first.jsonl", passages[:FIRST])
     with deadline(RAY_DEADLINE_S):
-        rc = main(["index", str(corpus), str(tmp / "index"), "--ray", "--quiet", "--ray-encode-cpus", str(RAY_CPUS)])
+        rc = main(["index", str(corpus), str(tmp / "index"), "--ray", "--quiet", "--ray-encode-cpus", str(RAY_CPUS),
+                   "--encoder-precision", "float32"])  # as the local fixture's encoder
     assert rc == 0
     return tmp / "index"
 

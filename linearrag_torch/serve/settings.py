@@ -38,9 +38,11 @@ class ServeSettings:
                                          "up to 4G); set it when another process shares the GPU", type=str)
     threads: int | None = _f(None, "torch threads of the process (default: $LINEARRAG_THREADS, else one per core); "
                                    "1 holds up best when other busy processes share the cores", type=int)
-    quantize: str | None = _f(None, "int8: the dynamically quantised question encoder (CPU only; faster, recall "
-                                    "measured in benchmarks/README.md) (default: none, the exact float32 encoder)",
-                              type=str, choices=("int8", "int8-all"))
+    quantize: str | None = _f(None, "the question encoder: bfloat16 (bf16 autocast where native: faster, but a "
+                                    "question's scores then depend on its batch by ~1e-4) or int8 / int8-all "
+                                    "(dynamically quantised, CPU only; recall in benchmarks/README.md) (default: "
+                                    "none, the exact float32 encoder: answers independent of the batch)",
+                              type=str, choices=("bfloat16", "int8", "int8-all"))
     graceful_timeout: float = _f(30.0, "on SIGTERM, seconds to let requests in flight finish")
     log_level: str = _f("info", "uvicorn log level", choices=("critical", "error", "warning", "info", "debug"))
 
