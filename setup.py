@@ -14,9 +14,11 @@ EXTRAS = {
     # `linearrag index|add --ray`: NER and encoding on a Ray cluster (ray_build.py); `linearrag serve --ray`:
     # engine replicas on Ray Serve (serve/ray_app.py: late-bound FastAPI ingress, 429 backpressure; tested on 2.60)
     "ray": ["ray[data,serve]>=2.60"],
+    # the question encoder on ONNX Runtime (onnx_encoder.py; torch.onnx's exporter writes the file with onnx)
+    "onnx": ["onnxruntime>=1.17", "onnx>=1.15"],
 }
 # everything optional that installs from PyPI wheels (torch-scatter compiles, Triton is CI's own pin)
-EXTRAS["all"] = sorted({r for k in ("serve", "gen", "langchain", "llamaindex", "haystack", "bench", "ray") for r in EXTRAS[k]})
+EXTRAS["all"] = sorted({r for k in ("serve", "gen", "langchain", "llamaindex", "haystack", "bench", "ray", "onnx") for r in EXTRAS[k]})
 
 setup(
     name="linearrag_torch",

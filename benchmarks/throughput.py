@@ -1,15 +1,16 @@
 """Milliseconds per question of the whole question path, stage by stage, at several batch sizes.
 
     python -m benchmarks.throughput --index DIR --questions FILE.jsonl [FILE ...] --json OUT [--png OUT]
-                                    [--batch-sizes 1 8 64 256] [--int8] [--threads N] ...
+                                    [--batch-sizes 1 8 64 256] [--onnx] [--bf16] [--int8] [--threads N] ...
 
 Each batch goes through ``rag.search(batch, timings=t)``: the stages are the library's own
 (linearrag_torch.pipeline.STAGES: ner, lexicon, encoder, graph), "end_to_end" is the wall time of the
 search calls (stages plus input checks and hit lists). Each batch size times the first
 ``max(batch, --min-questions)`` distinct questions of the files (recycled, and reported as fewer
 ``unique_questions``, when there are not enough: the encoder encodes a repeated question once, so
-repeats flatter it); one batch is run first as a warm-up (models loaded, index prepared). The exact float32 encoder always runs; ``--int8`` adds the int8 encoder
-(``LinearRAG.load(..., quantize="int8")``) and ``--no-reuse`` the path that encodes every entity string
+repeats flatter it); one batch is run first as a warm-up (models loaded, index prepared). The exact float32 encoder always runs; ``--onnx`` adds it on
+ONNX Runtime (``encoder_backend="onnx"``), ``--bf16`` the bf16-autocast
+question encoder (``quantize="bfloat16"``), ``--int8`` the int8 encoder (``LinearRAG.load(..., quantize="int8")``) and ``--no-reuse`` the path that encodes every entity string
 again instead of taking the index's stored vectors.
 """
 from __future__ import annotations
@@ -72,6 +73,10 @@ def run(args) -> dict:
     variants = [("exact", {}, {})]
     if args.no_reuse:
         variants.append(("exact_no_reuse", {}, {"reuse": False}))
+    if args.bf16:
+        variants.append(("bfloat16", {"quantize": "bfloat16"}, {}))
+    if args.onnx:
+        variants.append(("onnx", {"encoder_backend": "onnx"}, {}))
     if args.int8:
         variants.append(("int8", {"quantize": "int8"}, {}))
     result = {
@@ -149,6 +154,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="passes per batch size; the fastest counts")
     ap.add_argument("--limit", type=int, help="only the first N questions of the file")
     ap.add_argument("--int8", action="store_true", help="also time the int8 encoder")
+    ap.add_argument("--onnx", action="store_true",
+                    help="also time the float32 question encoder on ONNX Runtime (encoder_backend='onnx', extra [onnx])")
+    ap.add_argument("--bf16", action="store_true",
+                    help="also time the bf16-autocast question encoder (quantize='bfloat16': faster where the CPU "
+                         "has AMX, scores depend on the batch by ~1e-4)")
     ap.add_argument("--no-reuse", action="store_true",
                     help="also time the path that encodes every entity string (no stored index vectors)")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's)")

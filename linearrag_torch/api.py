@@ -20,6 +20,7 @@ from .queries import EncodedQueries, Retrieved
 
 BACKENDS = ("torch", "scipy")
 QUESTION_ENCODERS = (None, "bfloat16", "int8", "int8-all")  # LinearRAG(quantize=...)
+ENCODER_BACKENDS = ("torch", "onnx")  # LinearRAG(encoder_backend=...) (encoding.ENCODER_BACKENDS)
 
 
 class Hit(NamedTuple):
@@ -43,7 +44,8 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 class LinearRAG:
     """A Tri-Graph index on a device, with the spaCy and encoder models that made it."""
 
-    def __init__(self, index: TriGraphIndex, device="auto", nlp=None, encoder=None, quantize: str | None = None):
+    def __init__(self, index: TriGraphIndex, device="auto", nlp=None, encoder=None, quantize: str | None = None,
+                 encoder_backend: str = "torch"):
         """``quantize``: the question encoder. None: float32, exact, and a question's vector does not depend
         on the other questions of its batch beyond float noise (~1e-7), whatever precision the index was
         encoded in (IndexConfig.encoder_precision). "bfloat16": bf16 autocast, where the device has native
@@ -51,15 +53,23 @@ class LinearRAG:
         depends on its batch by up to ~1e-3 per component (the kernels change with the batch's shape), so
         near-tied passages may swap with the batch. "int8" or "int8-all" (dynamically quantised Linear
         layers, CPU only: faster, vectors within cosine ~0.99 / ~0.98 of the exact ones; see
-        encoding.quantize_int8). ``encoder``, when given, is used as it is for questions."""
+        encoding.quantize_int8). ``encoder_backend``: "torch", or "onnx" (the float32 question encoder on ONNX
+        Runtime, CPU only, extra [onnx]: the same vectors to float noise, several times faster for a few
+        questions; not with ``quantize``). ``encoder``, when given, is used as it is for questions."""
         self.device = resolve_device(device)
         if quantize not in QUESTION_ENCODERS:
             raise ValueError(f"quantize must be one of {QUESTION_ENCODERS}, got {quantize!r}")
         if quantize in ("int8", "int8-all") and self.device.type != "cpu":
             raise ValueError(f"quantize={quantize!r} runs on the CPU only, the device is {self.device}")
+        if encoder_backend not in ENCODER_BACKENDS:
+            raise ValueError(f"encoder_backend must be one of {ENCODER_BACKENDS}, got {encoder_backend!r}")
+        if encoder_backend == "onnx" and (quantize is not None or self.device.type != "cpu"):
+            raise ValueError(f"encoder_backend='onnx' runs float32 on the CPU (device {self.device}, "
+                             f"quantize {quantize!r})")
         self.index = index
         self.config = index.retrieval_config
         self.quantize = quantize
+        self.encoder_backend = encoder_backend
         self.reuse_index_vectors = True  # the default of encode_queries(reuse_index_vectors=...)
         self._nlp = nlp
         self._encoder = encoder
@@ -86,9 +96,10 @@ class LinearRAG:
         return cls(index, dev, nlp, encoder if given else _with_precision(encoder, "float32"))
 
     @classmethod
-    def load(cls, path, device="auto", quantize: str | None = None) -> "LinearRAG":
-        """Load an index folder written by save(). ``quantize="int8"``: the int8 question encoder (CPU; see __init__)."""
-        return cls(TriGraphIndex.load(path, device="cpu"), device, quantize=quantize)
+    def load(cls, path, device="auto", quantize: str | None = None, encoder_backend: str = "torch") -> "LinearRAG":
+        """Load an index folder written by save(). ``quantize``, ``encoder_backend``: the question encoder (see
+        __init__)."""
+        return cls(TriGraphIndex.load(path, device="cpu"), device, quantize=quantize, encoder_backend=encoder_backend)
 
     def save(self, path):
         """Write the index atomically to folder ``path`` (config included), under the folder's write lock."""
@@ -138,16 +149,19 @@ class LinearRAG:
     def encoder(self):
         """The question encoder (``quantize`` in __init__)."""
         if self._encoder is None:
-            self._encoder = load_question_encoder(self.index.index_config, self.device, self.quantize)
+            self._encoder = load_question_encoder(self.index.index_config, self.device, self.quantize,
+                                                  self.encoder_backend)
         return self._encoder
 
     def _passage_encoder(self):
         """What add() encodes new passages with: the question encoder's model in the precision the index was
         encoded in (the vectors a full build would make), loaded apart only where the question encoder is int8."""
         enc, want = self.encoder, self.index.index_config.encoder_precision
-        if not isinstance(getattr(enc, "precision", None), str) or (enc.precision == want and enc.quantize is None):
+        torch_backend = getattr(enc, "backend", "torch") == "torch"
+        if not isinstance(getattr(enc, "precision", None), str) or (
+                enc.precision == want and enc.quantize is None and torch_backend):
             return enc  # a stand-in encoder, or the right one already
-        if enc.quantize is None:
+        if enc.quantize is None and torch_backend:
             return enc.with_precision(want)
         return _load_encoder(self.index.index_config, self.device)
 
@@ -288,17 +302,19 @@ def _with_precision(encoder, precision: str):
     return encoder
 
 
-def load_question_encoder(cfg: IndexConfig, device, quantize: str | None = None):
+def load_question_encoder(cfg: IndexConfig, device, quantize: str | None = None, backend: str = "torch"):
     """The question encoder of an index made with ``cfg``: its model, in float32 whatever the index was
-    encoded in, or as ``quantize`` asks (LinearRAG.__init__)."""
+    encoded in, or as ``quantize`` asks, on ``backend`` (LinearRAG.__init__)."""
     cfg = dataclasses.replace(cfg, encoder_precision="bfloat16" if quantize == "bfloat16" else "float32")
     int8 = quantize if quantize in ("int8", "int8-all") else None
     extra = {"quantize": int8} if int8 else {}  # (tests stand in a 2-argument loader)
+    if backend != "torch":
+        extra["backend"] = backend
     return _load_encoder(cfg, device, **extra)
 
 
-def _load_encoder(cfg: IndexConfig, device, quantize: str | None = None):
+def _load_encoder(cfg: IndexConfig, device, quantize: str | None = None, backend: str = "torch"):
     from .encoding import Encoder
 
     return Encoder(cfg.encoder, device=str(device), max_length=cfg.max_length, batch_size=cfg.batch_size,
-                   quantize=quantize, precision=cfg.encoder_precision)
+                   quantize=quantize, precision=cfg.encoder_precision, backend=backend)

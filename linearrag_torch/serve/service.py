@@ -203,7 +203,8 @@ class LinearRAGService:
         from ..index import TriGraphIndex
 
         index = TriGraphIndex.load(self.index_dir, device="cpu", verify=True)
-        rag = LinearRAG(index, self.settings.device, quantize=self.settings.quantize)
+        rag = LinearRAG(index, self.settings.device, quantize=self.settings.quantize,
+                        encoder_backend=self.settings.encoder_backend)
         if like is not None:
             old, new = like.index.index_config, index.index_config
             if (old.encoder, old.max_length) == (new.encoder, new.max_length) and str(rag.device) == str(like.device):

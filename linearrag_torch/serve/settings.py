@@ -43,6 +43,9 @@ class ServeSettings:
                                     "(dynamically quantised, CPU only; recall in benchmarks/README.md) (default: "
                                     "none, the exact float32 encoder: answers independent of the batch)",
                               type=str, choices=("bfloat16", "int8", "int8-all"))
+    encoder_backend: str = _f("torch", "where the question encoder runs: torch, or onnx (float32 on ONNX Runtime, "
+                                       "CPU only, extra [onnx]: the same vectors to float noise, several times faster "
+                                       "for small batches)", choices=("torch", "onnx"))
     graceful_timeout: float = _f(30.0, "on SIGTERM, seconds to let requests in flight finish")
     log_level: str = _f("info", "uvicorn log level", choices=("critical", "error", "warning", "info", "debug"))
 
