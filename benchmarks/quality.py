@@ -436,8 +436,8 @@ def main(argv=None) -> int:
                     help="use the RetrievalConfig stored with the (possibly cached) index instead of the "
                          "current defaults")
     ap.add_argument("--encoder-precision", choices=IndexConfig.__dataclass_fields__["encoder_precision"].metadata["choices"],
-                    default=None, help="IndexConfig.encoder_precision of the indexes built (and cached) and of the "
-                                       "question encoder (default: IndexConfig's default)")
+                    default=None, help="IndexConfig.encoder_precision of the indexes built (and cached); questions are "
+                                       "encoded in float32 as LinearRAG does (default: IndexConfig's default)")
     ap.add_argument("--modes", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS), metavar="SYSTEM",
                     help=f"systems to run (default all): {', '.join(SYSTEMS)}")
     args = ap.parse_args(argv)
