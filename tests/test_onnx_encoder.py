@@ -118,3 +118,23 @@ def test_cli_query_with_the_onnx_backend(cache, small_index_dir, capsys):
     got, want = query("--encoder-backend", "onnx"), query()
     for g, w in zip(got, want):
         assert [h["id"] for h in g["hits"]] == [h["id"] for h in w["hits"]]
+
+
+def test_server_with_the_onnx_backend_answers_as_the_library(cache, small_rag, small_index_dir):
+    """`linearrag serve --encoder-backend onnx`: the service loads the index with the onnx question encoder
+    (a real uvicorn on 127.0.0.1) and answers what LinearRAG.search answers."""
+    pytest.importorskip("fastapi")
+    httpx = pytest.importorskip("httpx")
+    from test_serve import TIMEOUT, running, wait_ready
+
+    from linearrag_torch.serve import LinearRAGService, ServeSettings, create_app
+
+    service = LinearRAGService(small_index_dir, ServeSettings(encoder_backend="onnx"))
+    with running(create_app(service)) as url:
+        wait_ready(url)
+        r = httpx.post(url + "/v1/search", json={"questions": QUESTIONS[:4], "top_k": 5}, timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        assert service.rag.encoder.backend == "onnx"
+    want = small_rag.search(QUESTIONS[:4], top_k=5)
+    for got, w in zip(r.json()["results"], want):
+        assert [h["id"] for h in got["hits"]] == [h.id for h in w]
