@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .config import RetrievalConfig
-from .queries import EncodedQueries, Retrieved
+from .queries import EncodedQueries, PassagePrior, Retrieved
 
 
 def enabled(cfg: RetrievalConfig) -> bool:
@@ -109,6 +109,84 @@ def second_round_queries(index, queries: EncodedQueries, seeds: list[dict]) -> E
     return EncodedQueries(queries.query_emb, torch.cat(emb), torch.cat(owner), text, rows, index)
 
 
+def passage_prior(index, queries: EncodedQueries, seeds: list[dict], cfg: RetrievalConfig) -> PassagePrior | None:
+    """Eq. 7's dense prior for a later round (module docstring): the floor cfg.chain_prior_floor, and with
+    cfg.chain_bridge_prior, for each question b and passage p holding a sentence that mentions one of b's
+    chain seeds (seeds[b], entity rows of ``index``; p's title line aside), the largest cosine of b with
+    such a sentence. None when both are off (floor -1). ``index`` may be a shard's view (local rows)."""
+    if cfg.chain_prior_floor <= -1.0 and not cfg.chain_bridge_prior:
+        return None
+    rows, cols, vals = [], [], []
+    if cfg.chain_bridge_prior and any(seeds):
+        q = queries.query_emb.detach().to("cpu", torch.float32)
+        mt_crow, mt_col, sp_crow, sp_pas = _bridge_tables(index)
+        sent_emb, titles, sentences = index.sentence_emb, index.titles, index.sentences
+        for b, sd in enumerate(seeds):
+            if not sd:
+                continue
+            ents = torch.tensor(sorted(sd), dtype=torch.int64)
+            lo, hi = mt_crow[ents], mt_crow[ents + 1]
+            sents = torch.unique(mt_col[_ranges(lo, hi)])  # the sentences that mention a seed
+            if sents.numel() == 0:
+                continue
+            cos = sent_emb.index_select(0, sents).float() @ q[b]
+            lo, hi = sp_crow[sents], sp_crow[sents + 1]
+            pos = _ranges(lo, hi)  # (sentence, passage) pairs
+            owner = torch.repeat_interleave(torch.arange(sents.numel()), hi - lo)
+            pas = sp_pas[pos]
+            # a passage's own title line names it and links nowhere new (as in chain_seeds)
+            keep = torch.tensor([not (titles[p].strip() and sentences[s].strip() == titles[p].strip())
+                                 for s, p in zip(sents[owner].tolist(), pas.tolist())], dtype=torch.bool)
+            pas, c = pas[keep], cos[owner[keep]]
+            if pas.numel() == 0:
+                continue
+            p, inv = torch.unique(pas, return_inverse=True)
+            best = torch.full((p.numel(),), float("-inf")).scatter_reduce_(0, inv, c, "amax")
+            rows.append(p)
+            cols.append(torch.full_like(p, b))
+            vals.append(best)
+    dev = queries.query_emb.device
+    if rows:
+        return PassagePrior(float(cfg.chain_prior_floor), torch.cat(rows).to(dev), torch.cat(cols).to(dev),
+                            torch.cat(vals).to(dev))
+    empty = torch.zeros(0, dtype=torch.int64, device=dev)
+    return PassagePrior(float(cfg.chain_prior_floor), empty, empty, torch.zeros(0, dtype=torch.float32, device=dev))
+
+
+def _ranges(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """The positions lo[i] .. hi[i] - 1 of every i, concatenated."""
+    n = hi - lo
+    if int(n.sum()) == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    start = torch.repeat_interleave(lo - torch.cumsum(n, 0) + n, n)
+    return start + torch.arange(int(n.sum()))
+
+
+_BRIDGE: list = [None, None, None]  # (the M.col and PS.col tensors, the tables) of the last index asked
+
+
+def _bridge_tables(index):
+    """(MT crow, MT col: entity -> sentences; SP crow, SP passages: sentence -> passages), on the CPU,
+    cached for the last index (by its M.col and PS.col tensors: an index's matrices are never changed in place)."""
+    M, PS = index.M, index.PS
+    if _BRIDGE[0] is M.col and _BRIDGE[1] is PS.col:
+        return _BRIDGE[2]
+    S, E = int(M.crow.numel() - 1), int(M.shape[1])
+
+    def transpose(crow, col, n_cols):
+        crow, col = crow.cpu().long(), col.cpu().long()
+        r = torch.repeat_interleave(torch.arange(crow.numel() - 1), crow[1:] - crow[:-1])
+        order = torch.argsort(col * max(crow.numel() - 1, 1) + r)
+        t_crow = torch.zeros(n_cols + 1, dtype=torch.int64)
+        t_crow[1:] = torch.cumsum(torch.bincount(col, minlength=n_cols), 0)
+        return t_crow, r[order]
+
+    mt_crow, mt_col = transpose(M.crow, M.col, E)
+    sp_crow, sp_pas = transpose(PS.crow, PS.col, S)
+    _BRIDGE[:] = [M.col, PS.col, (mt_crow, mt_col, sp_crow, sp_pas)]
+    return _BRIDGE[2]
+
+
 _UNIQUE: list = [None, None]  # (the token hashes, whether each entity's are unique) of the last index asked
 
 
@@ -174,7 +252,9 @@ def chain_retrieve(run, index, queries: EncodedQueries, cfg: RetrievalConfig, tr
         for acc, new in zip(seeds, chain_seeds(index, queries, cur, cfg, skip)):
             for e, w in new.items():
                 acc[e] = max(acc.get(e, 0.0), w)
-        cur = run(second_round_queries(index, queries, seeds), later.replace(top_k=depth), False)
+        q2 = second_round_queries(index, queries, seeds)
+        q2.prior = passage_prior(index, queries, seeds, cfg)
+        cur = run(q2, later.replace(top_k=depth), False)
         out = merge(out, cur, r * cfg.chain_keep, depth)
     out = Retrieved(out.indices[:, :min(cfg.top_k, out.indices.shape[1])], out.scores[:, :min(cfg.top_k, out.scores.shape[1])])
     if not trace:

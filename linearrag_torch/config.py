@@ -57,6 +57,10 @@ class RetrievalConfig:
     chain_keep: int = _f(1, "passages of each round kept ahead of the next round's ranking")
     chain_rounds: int = _f(1, "rounds after the first, each seeded from the one before")
     chain_passage_weight: float = _f(1.0, "W_p of eq. 7 in the later rounds")
+    chain_prior_floor: float = _f(0.1, "later rounds: a passage cosine below this counts as this in eq. 7's dense "
+                                       "prior, so unrelated passages do not stretch its min-max scale (-1: off)")
+    chain_bridge_prior: bool = _f(True, "later rounds: a passage's cosine in eq. 7 is at least that of its most "
+                                        "question-like sentence mentioning a chain seed (its title line aside)")
 
     @classmethod
     def reference_code(cls, **changes) -> "RetrievalConfig":
@@ -83,6 +87,8 @@ class RetrievalConfig:
                 or self.chain_rounds < 1 or self.chain_passage_weight < 0:
             raise ValueError("chain_passages, chain_keep, chain_weight and chain_passage_weight must be >= 0, "
                              "chain_sentences and chain_rounds >= 1")
+        if not -1.0 <= self.chain_prior_floor <= 1.0:
+            raise ValueError(f"chain_prior_floor must be in [-1, 1] (a cosine), got {self.chain_prior_floor}")
 
     def replace(self, **changes) -> "RetrievalConfig":
         """A copy with some fields changed; None values are ignored (convenient for CLI flags)."""

@@ -236,12 +236,14 @@ def _retrieve_chunk(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalC
     scores = sim
     if g.numel():  # eqs. 7 and 6 for the questions with seeds only
         n = g.numel()
+        # a chain's later round raises eq. 7's dense prior (chain.passage_prior); the dense fallback keeps sim
+        prior = sim if queries.prior is None else queries.prior.apply(sim)
         if n < B:  # number those questions 0 .. n - 1
             col = torch.full((B,), -1, dtype=torch.int64, device=graph.device)
             col[g] = torch.arange(n, device=graph.device)
-            bg, sim_g = col[b], sim.index_select(1, g)
+            bg, sim_g = col[b], prior.index_select(1, g)
         else:
-            bg, sim_g = b, sim
+            bg, sim_g = b, prior
         reset_p = passage_reset_entries(sim_g, graph.N_logT, ColumnEntries(e, bg, act.val / act.tier.to(sim.dtype), (E, n)),
                                         cfg)
         if cfg.use_ppr:

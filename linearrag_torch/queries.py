@@ -8,6 +8,34 @@ import torch
 
 
 @dataclass
+class PassagePrior:
+    """Eq. 7's dense prior in a chain's later rounds (chain.passage_prior): every passage cosine at least
+    ``floor``, and at the (passage ``row``, question ``col``) entries at least ``val`` (unique pairs)."""
+
+    floor: float
+    row: torch.Tensor  # int64 [n]
+    col: torch.Tensor  # int64 [n]
+    val: torch.Tensor  # float32 [n]
+
+    def apply(self, sim: torch.Tensor) -> torch.Tensor:
+        """A new [P, B] tensor: ``sim`` raised to the floor and to the entries."""
+        out = sim.clamp(min=self.floor)
+        if self.row.numel():
+            r, c = self.row.to(sim.device), self.col.to(sim.device)
+            out[r, c] = torch.maximum(out[r, c], self.val.to(sim.device, sim.dtype))
+        return out
+
+    def select(self, new_col: torch.Tensor) -> "PassagePrior":
+        """The entries of the kept questions, renumbered: new_col[b] = the new column of question b, or -1."""
+        nc = new_col.to(self.col.device)[self.col]
+        keep = nc >= 0
+        return PassagePrior(self.floor, self.row[keep], nc[keep], self.val[keep])
+
+    def to(self, device) -> "PassagePrior":
+        return PassagePrior(self.floor, self.row.to(device), self.col.to(device), self.val.to(device))
+
+
+@dataclass
 class EncodedQueries:
     """A batch of B questions after NER and encoding (the input of both backends).
 
@@ -17,6 +45,8 @@ class EncodedQueries:
     entity_text   Q strings, for diagnostics
     entity_rows   [Q] int64 or None: the index entity whose stored vector an entity took (-1: encoded),
                   valid for the index ``rows_of`` only (the engine compares it by identity)
+    prior         PassagePrior or None: the dense prior of a chain's later round (chain.py), for the
+                  passages of the index (or shard) it was made for
     """
 
     query_emb: torch.Tensor
@@ -25,6 +55,7 @@ class EncodedQueries:
     entity_text: list
     entity_rows: Optional[torch.Tensor] = None
     rows_of: object = field(default=None, repr=False, compare=False)
+    prior: Optional[PassagePrior] = field(default=None, repr=False, compare=False)
 
     @property
     def batch_size(self) -> int:
@@ -43,6 +74,7 @@ class EncodedQueries:
             self.query_emb.index_select(0, torch.tensor(rows, dtype=torch.int64, device=self.query_emb.device)),
             self.entity_emb.index_select(0, keep.to(self.entity_emb.device)), owner[keep],
             [self.entity_text[i] for i in keep.tolist()] if self.entity_text else [],
+            prior=None if self.prior is None else self.prior.select(new),
         )
 
     def slice(self, start: int, stop: int) -> "EncodedQueries":
@@ -53,6 +85,7 @@ class EncodedQueries:
         return EncodedQueries(
             self.query_emb.to(device), self.entity_emb.to(device), self.entity_owner.to(device), self.entity_text,
             None if self.entity_rows is None else self.entity_rows.to(device), self.rows_of,
+            None if self.prior is None else self.prior.to(device),
         )
 
 

@@ -213,9 +213,16 @@ def retrieve(index: TriGraphIndex, queries: EncodedQueries, config: RetrievalCon
                        entity_emb=prepared["entity_emb"])
     indices = np.zeros((B, k), dtype=np.int64)
     scores = np.zeros((B, k), dtype=np.float64)
+    prior = queries.prior  # a chain's later round: eq. 7's dense prior raised (chain.passage_prior)
     for b in range(B):
         q = _f64(queries.query_emb[b])
         sim = passage_emb @ q  # cos(q, p)
+        sim_prior = sim
+        if prior is not None:
+            sim_prior = np.maximum(sim, prior.floor)
+            at = (prior.col == b).cpu().numpy()
+            rows = prior.row.cpu().numpy()[at]
+            sim_prior[rows] = np.maximum(sim_prior[rows], prior.val.cpu().numpy()[at].astype(np.float64))
         x = None
         if seed_dicts[b] and P > 0:
             sigma = sentence_emb @ q  # eq. 4
@@ -228,7 +235,7 @@ def retrieve(index: TriGraphIndex, queries: EncodedQueries, config: RetrievalCon
                 act, tier, reset_e = activate_paper(M, sigma, seed_dicts[b], config)
             else:
                 act, tier, reset_e = activate_reference(M, MT, sigma, seed_dicts[b], config)
-            reset_p = passage_reset(sim, N, act, tier, config)
+            reset_p = passage_reset(sim_prior, N, act, tier, config)
             if config.use_ppr:
                 x = personalized_pagerank(C, reset_p, reset_e, config, walk=walk)
             else:  # ablation: rank by the eq. 7 reset weights

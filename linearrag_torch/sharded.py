@@ -565,7 +565,8 @@ class ShardedEngine:
             n = g.numel()
             col = torch.full((B,), -1, dtype=torch.int64, device=dev)
             col[g] = torch.arange(n, device=dev)
-            bg, sim_g = col[act.col], sim.index_select(1, g)
+            prior = sim if queries.prior is None else queries.prior.apply(sim)  # this rank's passages (_chain)
+            bg, sim_g = col[act.col], prior.index_select(1, g)
             reset_p = self._passage_reset(sim_g, act, bg, cfg)
             if cfg.use_ppr:
                 ppr_p, valid = self._pagerank(reset_p, act.row, bg, act.reset, cfg)
@@ -701,10 +702,24 @@ class ShardedEngine:
             for acc, new in zip(seeds, self._chain_seeds(queries, cur, cfg, skip)):
                 for e, w in new.items():
                     acc[e] = max(acc.get(e, 0.0), w)
-            cur = self._one_round(self._second_round_queries(queries, seeds), later.replace(top_k=depth))
+            q2 = dataclasses.replace(self._second_round_queries(queries, seeds), prior=self._prior(queries, seeds, cfg))
+            cur = self._one_round(q2, later.replace(top_k=depth))
             out = chain_merge(out, cur, r * cfg.chain_keep, depth)
         k = min(cfg.top_k, out.indices.shape[1])
         return Retrieved(out.indices[:, :k], out.scores[:, :k])
+
+    def _prior(self, queries: EncodedQueries, seeds: list, cfg: RetrievalConfig):
+        """chain.passage_prior for this rank's passages: a passage's sentences and the entities they mention
+        are all on its rank, so the seeds this rank holds give its passages' entries with nothing exchanged."""
+        from . import chain
+
+        sh = self.shard
+        local = []
+        for sd in seeds:
+            ents = sorted(sd)
+            loc = sh.local_entity(torch.tensor(ents, dtype=torch.int64, device=sh.device)).cpu().tolist() if ents else []
+            local.append({lc: sd[e] for e, lc in zip(ents, loc) if lc >= 0})
+        return chain.passage_prior(_ChainView(sh), queries, local, cfg)
 
     def _chain_seeds(self, queries, first: Retrieved, cfg, skip) -> list:
         from . import chain

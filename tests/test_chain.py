@@ -4,11 +4,11 @@ import torch
 
 from linearrag_torch import reference
 from linearrag_torch.activation import seed_pairs
-from linearrag_torch.chain import chain_seeds, merge, second_round_queries
+from linearrag_torch.chain import chain_seeds, merge, passage_prior, second_round_queries
 from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.engine import DeviceGraph, retrieve
 from linearrag_torch.index import TriGraphIndex
-from linearrag_torch.queries import EncodedQueries, Retrieved
+from linearrag_torch.queries import EncodedQueries, PassagePrior, Retrieved
 from linearrag_torch.sparse import Csr
 from linearrag_torch.synthetic import random_index, random_queries
 
@@ -190,3 +190,52 @@ def test_chain_seeds_take_their_own_row_unless_another_entity_has_their_tokens()
     cfg = RetrievalConfig(chain_passages=2, chain_sentences=2, delta=0.1)
     out = retrieve(graph, q, cfg)
     assert_same(out, reference.retrieve(ix, q, cfg))
+
+
+def _entries(prior):
+    return sorted((r, c, round(v, 6)) for r, c, v in zip(prior.row.tolist(), prior.col.tolist(), prior.val.tolist()))
+
+
+def test_passage_prior_by_hand():
+    """Later rounds' eq. 7 prior: per passage, the best cosine of a sentence that mentions a chain seed."""
+    ix, q, cfg = tiny_index(), one_question(), RetrievalConfig()
+    # e1 is in s0 (p0, cosine .8) and s2 (p1, .6)
+    prior = passage_prior(ix, q, [{1: 0.5}], cfg)
+    assert prior.floor == pytest.approx(0.1) and _entries(prior) == [(0, 0, 0.8), (1, 0, 0.6)]
+    # e3 is in s2 (p1, .6) and s3 (p2, 0); e0 and e3 together: the best sentence of each passage
+    assert _entries(passage_prior(ix, q, [{3: 1.0}], cfg)) == [(1, 0, 0.6), (2, 0, 0.0)]
+    assert _entries(passage_prior(ix, q, [{0: 1.0, 3: 1.0}], cfg)) == [(0, 0, 0.8), (1, 0, 0.6), (2, 0, 0.0)]
+    # a passage's own title line is not taken: s0 becomes p0's title, so p0 has no such sentence left
+    ix.sentences[0] = "a"
+    assert _entries(passage_prior(ix, q, [{1: 0.5}], cfg)) == [(1, 0, 0.6)]
+    # the switches: the floor alone, and both off
+    floor_only = passage_prior(ix, q, [{1: 0.5}], cfg.replace(chain_bridge_prior=False))
+    assert floor_only.floor == pytest.approx(0.1) and _entries(floor_only) == []
+    assert passage_prior(ix, q, [{1: 0.5}], cfg.replace(chain_bridge_prior=False, chain_prior_floor=-1.0)) is None
+    # questions without chain seeds get no entries; the columns are the questions
+    two = EncodedQueries(torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 1.0]]), torch.zeros(0, 4),
+                         torch.zeros(0, dtype=torch.int64), [])
+    assert _entries(passage_prior(tiny_index(), two, [{}, {3: 1.0}], cfg)) == [(1, 1, 0.0), (2, 1, 1.0)]
+
+
+def test_passage_prior_raises_the_cosines_and_follows_the_questions():
+    sim = torch.tensor([[0.05, 0.3], [0.5, -0.2], [0.2, 0.0]])  # [P = 3, B = 2]
+    prior = PassagePrior(0.1, torch.tensor([1, 2, 0]), torch.tensor([1, 0, 0]), torch.tensor([0.4, 0.15, 0.01]))
+    torch.testing.assert_close(prior.apply(sim), torch.tensor([[0.1, 0.3], [0.5, 0.4], [0.2, 0.1]]))
+    torch.testing.assert_close(sim, torch.tensor([[0.05, 0.3], [0.5, -0.2], [0.2, 0.0]]))  # a new tensor
+    kept = prior.select(torch.tensor([-1, 0]))  # question 1 alone, now column 0
+    assert _entries(kept) == [(1, 0, 0.4)] and kept.floor == pytest.approx(0.1)
+    q = EncodedQueries(torch.eye(2, 4), torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64), [], prior=prior)
+    assert _entries(q.slice(1, 2).prior) == [(1, 0, 0.4)] and _entries(q.to("cpu").prior) == _entries(prior)
+
+
+@pytest.mark.parametrize("floor,bridge", [(0.1, True), (-1.0, True), (0.3, False)])
+def test_torch_and_scipy_agree_with_the_later_round_prior(floor, bridge):
+    index = random_index(120, 150, dim=12, seed=5)
+    queries = random_queries(index, 6, seed=15)
+    cfg = RetrievalConfig(delta=0.2, top_k=6, chain_prior_floor=floor, chain_bridge_prior=bridge)
+    got = retrieve(DeviceGraph(index), queries, cfg)
+    assert_same(got, reference.retrieve(index, queries, cfg))
+    # the prior changes the later round's scores (else this would test nothing)
+    off = retrieve(DeviceGraph(index), queries, cfg.replace(chain_prior_floor=-1.0, chain_bridge_prior=False))
+    assert not torch.allclose(off.scores, got.scores)

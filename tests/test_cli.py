@@ -129,7 +129,9 @@ def test_query_json_prints_one_object_per_question(tiny_index, tiny_passages, ca
             assert h["id"] in titles and h["title"] == titles[h["id"]]
             assert isinstance(h["score"], float)
         scores = [h["score"] for h in res["hits"]]
-        assert scores == sorted(scores, reverse=True)
+        # best first; the default chain round keeps the first round's top passage ahead of the second
+        # round's ranking, with its second-round score (chain.merge, METHOD.md): the rest is sorted
+        assert scores[1:] == sorted(scores[1:], reverse=True)
         assert len({h["id"] for h in res["hits"]}) == 5
         # the top hit is a gold supporting passage of the demo question
         assert res["hits"][0]["id"] in {f"d{s}" for s in q["supporting_ids"]}

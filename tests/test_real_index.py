@@ -194,7 +194,8 @@ def test_search_returns_hits_with_corpus_ids_and_titles(small_rag, small_questio
             assert h.id == small_rag.index.passage_ids[h.row]
             assert h.title == corpus_by_id[h.id]["title"] and h.text == corpus_by_id[h.id]["text"]
         scores = [h.score for h in hits]
-        assert scores == sorted(scores, reverse=True) and all(np.isfinite(scores))
+        # the chain round's kept first passage leads whatever its second-round score (chain.merge)
+        assert scores[1:] == sorted(scores[1:], reverse=True) and all(np.isfinite(scores))
         # multi-hop retrieval finds a gold supporting passage near the top for these questions
         assert set(q["supporting_ids"]) & {h.id for h in hits[:2]}, (q["question"], [h.title for h in hits])
 
