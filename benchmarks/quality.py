@@ -62,6 +62,9 @@ SYSTEMS = {
     "chain": ("graph", {"mode": "reference", "chain_passages": 2}, {}),
     "chain_s1": ("graph", {"mode": "reference", "chain_passages": 2, "chain_sentences": 1}, {}),
     "chain_scipy": ("scipy", {"mode": "reference", "chain_passages": 2}, {}),
+    "no_chain_prior": ("graph", {"mode": "reference", "chain_prior_floor": -1.0, "chain_bridge_prior": False}, {}),
+    "chain_floor_only": ("graph", {"mode": "reference", "chain_bridge_prior": False}, {}),
+    "chain_bridge_only": ("graph", {"mode": "reference", "chain_prior_floor": -1.0}, {}),
 }
 
 SYSTEM_HELP = {
@@ -81,6 +84,10 @@ SYSTEM_HELP = {
              "top 2 passages (chain_passages=2, chain_sentences=2)",
     "chain_s1": "chain with the best sentence only of each of those passages (chain_sentences=1)",
     "chain_scipy": "chain on the numpy/scipy backend",
+    "no_chain_prior": "reference with the later rounds' eq. 7 prior as in the first (chain_prior_floor=-1, "
+                      "no bridge-sentence cosines): the default before it",
+    "chain_floor_only": "reference, later rounds' cosines floored at chain_prior_floor, no bridge-sentence cosines",
+    "chain_bridge_only": "reference, later rounds' bridge-sentence cosines, no floor",
 }
 
 
