@@ -13,14 +13,13 @@ from typing import NamedTuple
 import torch
 
 from . import engine, reference
-from .config import IndexConfig, RetrievalConfig
+from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig
 from .corpus import Passage, as_passages, check_new_ids, check_question, read_corpus
 from .index import TriGraphIndex
 from .queries import EncodedQueries, Retrieved
 
 BACKENDS = ("torch", "scipy")
 QUESTION_ENCODERS = (None, "bfloat16", "int8", "int8-all")  # LinearRAG(quantize=...)
-ENCODER_BACKENDS = ("torch", "onnx")  # LinearRAG(encoder_backend=...) (encoding.ENCODER_BACKENDS)
 
 
 class Hit(NamedTuple):
@@ -54,8 +53,8 @@ class LinearRAG:
         near-tied passages may swap with the batch. "int8" or "int8-all" (dynamically quantised Linear
         layers, CPU only: faster, vectors within cosine ~0.99 / ~0.98 of the exact ones; see
         encoding.quantize_int8). ``encoder_backend``: "torch", or "onnx" (the float32 question encoder on ONNX
-        Runtime, CPU only, extra [onnx]: the same vectors to float noise, several times faster for a few
-        questions; not with ``quantize``). ``encoder``, when given, is used as it is for questions."""
+        Runtime, CPU only, extra [onnx]: the same vectors to float noise; its encoder stage measured 10.2
+        against 13.5 ms for one question, 4.4 against 5.1 per question in a batch of 256; not with ``quantize``). ``encoder``, when given, is used as it is for questions."""
         self.device = resolve_device(device)
         if quantize not in QUESTION_ENCODERS:
             raise ValueError(f"quantize must be one of {QUESTION_ENCODERS}, got {quantize!r}")

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import IndexConfig, RetrievalConfig, add_flags
+from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig, add_flags
 
 
 def _add_settings(p: argparse.ArgumentParser, stored: bool) -> None:
@@ -50,9 +50,9 @@ def _query_speed_args(p):
                         "native bf16: ~2.4x faster on a CPU with AMX; a question's scores then depend on its batch "
                         "by ~1e-4), int8 or int8-all (int8 Linear layers, CPU only; vectors within cosine ~0.99 "
                         "resp. ~0.98 of the exact ones). Default: exact float32 whatever the index was encoded in")
-    p.add_argument("--encoder-backend", choices=("torch", "onnx"), default="torch",
+    p.add_argument("--encoder-backend", choices=ENCODER_BACKENDS, default="torch",
                    help="where the question encoder runs: torch, or onnx (float32 on ONNX Runtime, CPU only, extra "
-                        "[onnx]: the same vectors to float noise, several times faster for a few questions; exported "
+                        "[onnx]: the same vectors to float noise, its encoder stage ~1.2-1.3x faster; exported "
                         "once into ~/.cache/linearrag_torch/onnx) (default torch)")
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="torch threads (default: $LINEARRAG_THREADS, else one per core; use 1 on cores shared "

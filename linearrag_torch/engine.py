@@ -38,17 +38,20 @@ def native_half(dtype: torch.dtype, device) -> bool:
     """Whether ``device`` multiplies ``dtype`` (float16 / bfloat16) natively, as fast as float32 or faster:
     CUDA (bfloat16 where supported), a CPU with AMX-BF16 or AVX512-BF16 for bfloat16 and with AVX512-FP16
     or AMX-FP16 for float16. Elsewhere torch emulates it, slower than float32."""
+    if dtype == torch.bfloat16:
+        from .encoding import native_bf16  # the encoder's autocast asks the same question
+
+        return native_bf16(device)
     dev = torch.device(device)
     if dev.type == "cuda":
-        return dtype == torch.float16 or (torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        return dtype == torch.float16
     if dev.type != "cpu":
         return False
     try:
         caps = torch.cpu.get_capabilities()
     except (AttributeError, RuntimeError):  # older torch
         return False
-    flags = ("amx_bf16", "avx512_bf16") if dtype == torch.bfloat16 else ("amx_fp16", "avx512_fp16")
-    return any(bool(caps.get(f)) for f in flags)
+    return any(bool(caps.get(f)) for f in ("amx_fp16", "avx512_fp16"))
 
 
 def query_embeddings(emb: torch.Tensor, device, upcast: bool | None = None) -> torch.Tensor:

@@ -214,15 +214,16 @@ def retrieve(index: TriGraphIndex, queries: EncodedQueries, config: RetrievalCon
     indices = np.zeros((B, k), dtype=np.int64)
     scores = np.zeros((B, k), dtype=np.float64)
     prior = queries.prior  # a chain's later round: eq. 7's dense prior raised (chain.passage_prior)
+    if prior is not None:
+        p_row, p_col, p_val = prior.row.cpu().numpy(), prior.col.cpu().numpy(), _f64(prior.val)
     for b in range(B):
         q = _f64(queries.query_emb[b])
         sim = passage_emb @ q  # cos(q, p)
         sim_prior = sim
         if prior is not None:
             sim_prior = np.maximum(sim, prior.floor)
-            at = (prior.col == b).cpu().numpy()
-            rows = prior.row.cpu().numpy()[at]
-            sim_prior[rows] = np.maximum(sim_prior[rows], prior.val.cpu().numpy()[at].astype(np.float64))
+            at = p_col == b
+            sim_prior[p_row[at]] = np.maximum(sim_prior[p_row[at]], p_val[at])
         x = None
         if seed_dicts[b] and P > 0:
             sigma = sentence_emb @ q  # eq. 4

@@ -714,11 +714,10 @@ class ShardedEngine:
         from . import chain
 
         sh = self.shard
-        local = []
-        for sd in seeds:
-            ents = sorted(sd)
-            loc = sh.local_entity(torch.tensor(ents, dtype=torch.int64, device=sh.device)).cpu().tolist() if ents else []
-            local.append({lc: sd[e] for e, lc in zip(ents, loc) if lc >= 0})
+        ents = sorted({e for sd in seeds for e in sd})
+        loc = sh.local_entity(torch.tensor(ents, dtype=torch.int64, device=sh.device)).cpu().tolist() if ents else []
+        to_local = {e: lc for e, lc in zip(ents, loc) if lc >= 0}
+        local = [{to_local[e]: w for e, w in sd.items() if e in to_local} for sd in seeds]
         return chain.passage_prior(_ChainView(sh), queries, local, cfg)
 
     def _chain_seeds(self, queries, first: Retrieved, cfg, skip) -> list:

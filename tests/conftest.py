@@ -32,6 +32,18 @@ def write_jsonl(path, objs):
     return Path(path)
 
 
+def index_without_setting(index_dir, dst, field: str):
+    """A copy of index folder ``index_dir`` at ``dst`` whose index.json lacks index_config[field], as an
+    index written before that setting existed; returns ``dst``."""
+    import shutil
+
+    shutil.copytree(index_dir, dst)
+    meta = json.loads((Path(dst) / "index.json").read_text())
+    del meta["index_config"][field]
+    (Path(dst) / "index.json").write_text(json.dumps(meta))
+    return Path(dst)
+
+
 def demo_corpus():
     return read_jsonl(DATA / "demo_corpus.jsonl")
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from benchmarks import quality
-from conftest import small_passages
+from conftest import index_without_setting, small_passages
 from linearrag_torch import LinearRAG
 from linearrag_torch.build import build_index
 from linearrag_torch.config import IndexConfig
@@ -100,14 +100,7 @@ def test_auto_is_stored_resolved(few, nlp, tmp_path, monkeypatch):
 
 
 def test_an_index_written_without_the_setting_loads_as_float32(small_index_dir, tmp_path):
-    import shutil
-
-    old = tmp_path / "old"
-    shutil.copytree(small_index_dir, old)
-    meta = json.loads((old / "index.json").read_text())
-    del meta["index_config"]["encoder_precision"]
-    (old / "index.json").write_text(json.dumps(meta))
-    loaded = LinearRAG.load(old, device="cpu")
+    loaded = LinearRAG.load(index_without_setting(small_index_dir, tmp_path / "old", "encoder_precision"), device="cpu")
     assert loaded.index.index_config.encoder_precision == "float32"
     assert loaded.encoder.precision == "float32"
     assert TriGraphIndex.load(small_index_dir).index_config.encoder_precision == "float32"  # built by `encoder`

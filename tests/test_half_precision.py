@@ -4,7 +4,6 @@ Independent references: the float32 index of the small demo slice (conftest.smal
 the scipy reference backend (float64 arithmetic on the stored, rounded vectors) and float64 dot products.
 """
 import json
-import shutil
 
 import pytest
 import torch
@@ -13,11 +12,12 @@ from linearrag_torch import LinearRAG, reference
 from linearrag_torch.build import build_index, delete_passages, empty_index
 from linearrag_torch.cli import main
 from linearrag_torch.config import IndexConfig
-from linearrag_torch.engine import DeviceGraph, cosines, native_half, query_embeddings, retrieve
-from linearrag_torch.index import MATRICES, NER_PARTS, KEY_PARTS, TriGraphIndex, embedding_dtype
+from linearrag_torch.engine import DeviceGraph, cosines, native_half, query_embeddings
+from linearrag_torch.index import TriGraphIndex, embedding_dtype
 from linearrag_torch.kernels.segment_topk import gather_sigma
 
-from conftest import demo_questions, small_passages
+from conftest import demo_questions, index_without_setting, small_passages
+from test_updates import assert_same_graph
 
 HALF = ("float16", "bfloat16")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -25,23 +25,6 @@ EMBEDDINGS = ("passage_emb", "sentence_emb", "entity_emb")
 # spacing of the type's values in [0.5, 1): an embedding component (|x| <= 1) rounds by at most half of it
 SPACING = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 QUESTIONS = [q["question"] for q in demo_questions()]
-
-
-def assert_same_graph_exactly(a: TriGraphIndex, b: TriGraphIndex):
-    """Strings, matrices, token keys and NER record bit for bit."""
-    for name in ("passage_ids", "titles", "texts", "sentences", "entities"):
-        assert getattr(a, name) == getattr(b, name), name
-    for name in MATRICES:
-        ma, mb = getattr(a, name), getattr(b, name)
-        assert tuple(ma.shape) == tuple(mb.shape), name
-        for part in ("crow", "col", "val"):
-            assert getattr(ma, part).dtype == getattr(mb, part).dtype
-            assert torch.equal(getattr(ma, part), getattr(mb, part)), f"{name}.{part}"
-    for part in KEY_PARTS:
-        assert torch.equal(getattr(a.keys, part), getattr(b.keys, part)), part
-    for part in NER_PARTS:
-        ma, mb = getattr(a.ner, part), getattr(b.ner, part)
-        assert torch.equal(ma.crow, mb.crow) and torch.equal(ma.col, mb.col), part
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +39,7 @@ def test_round_trip_keeps_the_dtype_and_the_matrices_exact(f32, dt, tmp_path):
     half.save(tmp_path / "ix")
     loaded = TriGraphIndex.load(tmp_path / "ix")  # sha256 of every file checked
     assert loaded.index_config.embedding_dtype == dt
-    assert_same_graph_exactly(loaded, f32)
+    assert_same_graph(loaded, f32, embeddings=False)
     for name in EMBEDDINGS:
         got, want = getattr(loaded, name), getattr(f32, name)
         assert got.dtype == DTYPES[dt]
@@ -70,12 +53,7 @@ def test_round_trip_keeps_the_dtype_and_the_matrices_exact(f32, dt, tmp_path):
 
 
 def test_an_index_written_before_the_setting_loads_as_float32(small_index_dir, tmp_path):
-    path = tmp_path / "old"
-    shutil.copytree(small_index_dir, path)
-    meta = json.loads((path / "index.json").read_text())
-    del meta["index_config"]["embedding_dtype"]
-    (path / "index.json").write_text(json.dumps(meta))
-    ix = TriGraphIndex.load(path)
+    ix = TriGraphIndex.load(index_without_setting(small_index_dir, tmp_path / "old", "embedding_dtype"))
     assert ix.index_config.embedding_dtype == "float32" and ix.passage_emb.dtype == torch.float32
 
 
@@ -101,7 +79,7 @@ def test_conversion_equals_a_fresh_half_build(f32, nlp, encoder):
     built = build_index(_passages(), IndexConfig(embedding_dtype="bfloat16", encoder_precision="float32"), f32.retrieval_config, device="cpu",
                         progress=False, nlp=nlp, encoder=encoder)
     converted = f32.with_embedding_dtype("bfloat16")
-    assert_same_graph_exactly(built, converted)
+    assert_same_graph(built, converted, embeddings=False)
     for name in EMBEDDINGS:
         a, b = getattr(built, name), getattr(converted, name)
         assert a.dtype == b.dtype == torch.bfloat16
@@ -136,7 +114,7 @@ def test_add_and_delete_keep_the_dtype(f32, small_rag, nlp, encoder, tmp_path):
     rag.save(tmp_path / "ix")
     back = TriGraphIndex.load(tmp_path / "ix")
     assert back.passage_emb.dtype == torch.float16
-    assert_same_graph_exactly(back, half)
+    assert_same_graph(back, half, embeddings=False)
     for name in EMBEDDINGS:  # re-encoded in other batches: within one float16 step of the converted index
         assert float((getattr(back, name).float() - getattr(half, name).float()).abs().max()) <= SPACING["float16"]
 
@@ -212,7 +190,7 @@ def test_cli_convert(small_index_dir, tmp_path, capsys):
     assert "from float32" in err and "to float16" in err and "bytes per passage" in err
     src, half = TriGraphIndex.load(small_index_dir), TriGraphIndex.load(out)
     assert half.index_config.embedding_dtype == "float16"
-    assert_same_graph_exactly(half, src)
+    assert_same_graph(half, src, embeddings=False)
     assert torch.equal(half.entity_emb, src.entity_emb.half())
     # in place: replaced atomically, one tensors file left
     assert main(["convert", str(out), str(out), "--embedding-dtype", "bfloat16"]) == 0
