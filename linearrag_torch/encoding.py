@@ -200,6 +200,10 @@ class Encoder:
         self.precision = _precision_name(autocast)
         self.backend = backend
         self._session = None
+        from .bert_forward import BertForward
+
+        # the transformer's own forward without its module overhead, bit for bit (bert_forward.py)
+        self._lean = BertForward(self.model) if backend == "torch" and BertForward.supports(self.model) else None
         if backend == "onnx":
             if self.device.type != "cpu" or quantize is not None or self.precision != "float32":
                 raise ValueError(f"the onnx encoder backend runs float32 on the CPU (asked: device {self.device}, "
@@ -295,6 +299,8 @@ class Encoder:
 
             return hidden_states(self._session, input_ids, attention_mask)
         with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+            if self._lean is not None:
+                return self._lean(input_ids, attention_mask)
             extra = {"token_type_ids": torch.zeros_like(input_ids)} if "token_type_ids" in self.tokenizer.model_input_names else {}
             return self.model(input_ids=input_ids, attention_mask=attention_mask, **extra).last_hidden_state
 
