@@ -116,41 +116,44 @@ def passage_prior(index, queries: EncodedQueries, seeds: list[dict], cfg: Retrie
     such a sentence. None when both are off (floor -1). ``index`` may be a shard's view (local rows)."""
     if cfg.chain_prior_floor <= -1.0 and not cfg.chain_bridge_prior:
         return None
-    rows, cols, vals = [], [], []
-    if cfg.chain_bridge_prior and any(seeds):
-        q = queries.query_emb.detach().to("cpu", torch.float32)
-        mt_crow, mt_col, sp_crow, sp_pas = _bridge_tables(index)
-        sent_emb, titles, sentences = index.sentence_emb, index.titles, index.sentences
-        for b, sd in enumerate(seeds):
-            if not sd:
-                continue
-            ents = torch.tensor(sorted(sd), dtype=torch.int64)
-            lo, hi = mt_crow[ents], mt_crow[ents + 1]
-            sents = torch.unique(mt_col[_ranges(lo, hi)])  # the sentences that mention a seed
-            if sents.numel() == 0:
-                continue
-            cos = sent_emb.index_select(0, sents).float() @ q[b]
-            lo, hi = sp_crow[sents], sp_crow[sents + 1]
-            pos = _ranges(lo, hi)  # (sentence, passage) pairs
-            owner = torch.repeat_interleave(torch.arange(sents.numel()), hi - lo)
-            pas = sp_pas[pos]
-            # a passage's own title line names it and links nowhere new (as in chain_seeds)
-            keep = torch.tensor([not (titles[p].strip() and sentences[s].strip() == titles[p].strip())
-                                 for s, p in zip(sents[owner].tolist(), pas.tolist())], dtype=torch.bool)
-            pas, c = pas[keep], cos[owner[keep]]
-            if pas.numel() == 0:
-                continue
-            p, inv = torch.unique(pas, return_inverse=True)
-            best = torch.full((p.numel(),), float("-inf")).scatter_reduce_(0, inv, c, "amax")
-            rows.append(p)
-            cols.append(torch.full_like(p, b))
-            vals.append(best)
     dev = queries.query_emb.device
-    if rows:
-        return PassagePrior(float(cfg.chain_prior_floor), torch.cat(rows).to(dev), torch.cat(cols).to(dev),
-                            torch.cat(vals).to(dev))
+    if cfg.chain_bridge_prior and any(seeds):
+        # every question's (question, seed) pairs at once: the sentences mentioning a seed, each distinct
+        # (question, sentence) pair's cosine, spread over the sentence's passages (title lines aside), and
+        # the largest per (question, passage)
+        q = queries.query_emb.detach().to("cpu", torch.float32)
+        mt_crow, mt_col, sp_crow, sp_pas, sp_title = _bridge_tables(index)
+        S, P = int(sp_crow.numel() - 1), len(index.titles)
+        ents = torch.tensor([e for sd in seeds for e in sorted(sd)], dtype=torch.int64)
+        qb = torch.tensor([b for b, sd in enumerate(seeds) for _ in sd], dtype=torch.int64)
+        lo, hi = mt_crow[ents], mt_crow[ents + 1]
+        pairs = torch.unique(qb.repeat_interleave(hi - lo) * S + mt_col[_ranges(lo, hi)])  # b * S + s, sorted
+        b, sent = pairs // S, pairs % S
+        cos = _pair_cosines(index.sentence_emb, q, sent, b)
+        lo, hi = sp_crow[sent], sp_crow[sent + 1]
+        pos = _ranges(lo, hi)  # (pair, passage) entries
+        keep = ~sp_title[pos]  # a passage's own title line names it and links nowhere new (as in chain_seeds)
+        at = torch.arange(pairs.numel()).repeat_interleave(hi - lo)[keep]
+        keys, inv = torch.unique(b[at] * P + sp_pas[pos][keep], return_inverse=True)  # b * P + p, sorted
+        best = torch.full((keys.numel(),), float("-inf")).scatter_reduce_(0, inv, cos[at], "amax")
+        return PassagePrior(float(cfg.chain_prior_floor), (keys % P).to(dev), (keys // P).to(dev), best.to(dev))
     empty = torch.zeros(0, dtype=torch.int64, device=dev)
     return PassagePrior(float(cfg.chain_prior_floor), empty, empty, torch.zeros(0, dtype=torch.float32, device=dev))
+
+
+def _pair_cosines(sentence_emb: torch.Tensor, q: torch.Tensor, sent: torch.Tensor, b: torch.Tensor,
+                  questions: int = 32) -> torch.Tensor:
+    """<sentence_emb[sent[i]], q[b[i]]> (float32) for pairs sorted by b: per block of ``questions`` questions, one
+    product of their distinct sentences with them (a sentence that several questions reach is read once)."""
+    out = torch.empty(sent.numel(), dtype=torch.float32)
+    cuts = torch.searchsorted(b, torch.arange(0, q.shape[0] + questions, questions)).tolist()
+    for blk, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:])):
+        if hi > lo:
+            u, inv = torch.unique(sent[lo:hi], return_inverse=True)
+            first = blk * questions
+            cos = sentence_emb.index_select(0, u).float() @ q[first:first + questions].T
+            out[lo:hi] = cos[inv, b[lo:hi] - first]
+    return out
 
 
 def _ranges(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
@@ -162,15 +165,18 @@ def _ranges(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
     return start + torch.arange(int(n.sum()))
 
 
-_BRIDGE: list = [None, None, None]  # (the M.col and PS.col tensors, the tables) of the last index asked
+_BRIDGE: list = [None, None]  # (the M.col, PS.col, sentences and titles objects, the tables) of the last index asked
 
 
 def _bridge_tables(index):
-    """(MT crow, MT col: entity -> sentences; SP crow, SP passages: sentence -> passages), on the CPU,
-    cached for the last index (by its M.col and PS.col tensors: an index's matrices are never changed in place)."""
+    """(MT crow, MT col: entity -> sentences; SP crow, SP passages: sentence -> passages; SP title: whether
+    each (sentence, passage) entry's sentence is that passage's title line), on the CPU, cached for the last
+    index (by its M.col and PS.col tensors and its sentence and title lists: an index's matrices and strings are
+    never changed in place)."""
     M, PS = index.M, index.PS
-    if _BRIDGE[0] is M.col and _BRIDGE[1] is PS.col:
-        return _BRIDGE[2]
+    key = (M.col, PS.col, index.sentences, index.titles)
+    if _BRIDGE[0] is not None and all(a is b for a, b in zip(_BRIDGE[0], key)):
+        return _BRIDGE[1]
     S, E = int(M.crow.numel() - 1), int(M.shape[1])
 
     def transpose(crow, col, n_cols):
@@ -183,8 +189,12 @@ def _bridge_tables(index):
 
     mt_crow, mt_col = transpose(M.crow, M.col, E)
     sp_crow, sp_pas = transpose(PS.crow, PS.col, S)
-    _BRIDGE[:] = [M.col, PS.col, (mt_crow, mt_col, sp_crow, sp_pas)]
-    return _BRIDGE[2]
+    titles, sentences = [t.strip() for t in index.titles], index.sentences
+    owner = torch.repeat_interleave(torch.arange(S), sp_crow[1:] - sp_crow[:-1]).tolist()
+    sp_title = torch.tensor([bool(titles[p]) and sentences[s].strip() == titles[p]
+                             for s, p in zip(owner, sp_pas.tolist())], dtype=torch.bool)
+    _BRIDGE[:] = [key, (mt_crow, mt_col, sp_crow, sp_pas, sp_title)]
+    return _BRIDGE[1]
 
 
 _UNIQUE: list = [None, None]  # (the token hashes, whether each entity's are unique) of the last index asked

@@ -1,4 +1,6 @@
 """The second retrieval round (chain.py): seeds by hand, the merge by hand, both backends agree."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -168,7 +170,6 @@ def test_chain_seeds_take_their_own_row_unless_another_entity_has_their_tokens()
     """A chain seed is its entity's stored vector: with token keys, a seed whose tokens no other entity has
     carries its row (the engine skips the scan), one sharing them (e1, e3 here) is scanned; the seeds equal
     the scan's either way, and an index without keys scans them all (as before)."""
-    import dataclasses
 
     from linearrag_torch.index.graph import TokenKeys
 
@@ -206,7 +207,7 @@ def test_passage_prior_by_hand():
     assert _entries(passage_prior(ix, q, [{3: 1.0}], cfg)) == [(1, 0, 0.6), (2, 0, 0.0)]
     assert _entries(passage_prior(ix, q, [{0: 1.0, 3: 1.0}], cfg)) == [(0, 0, 0.8), (1, 0, 0.6), (2, 0, 0.0)]
     # a passage's own title line is not taken: s0 becomes p0's title, so p0 has no such sentence left
-    ix.sentences[0] = "a"
+    ix = dataclasses.replace(ix, sentences=["a"] + ix.sentences[1:])
     assert _entries(passage_prior(ix, q, [{1: 0.5}], cfg)) == [(1, 0, 0.6)]
     # the switches: the floor alone, and both off
     floor_only = passage_prior(ix, q, [{1: 0.5}], cfg.replace(chain_bridge_prior=False))
@@ -239,3 +240,18 @@ def test_torch_and_scipy_agree_with_the_later_round_prior(floor, bridge):
     # the prior changes the later round's scores (else this would test nothing)
     off = retrieve(DeviceGraph(index), queries, cfg.replace(chain_prior_floor=-1.0, chain_bridge_prior=False))
     assert not torch.allclose(off.scores, got.scores)
+
+
+def test_pair_cosines_by_blocks_of_questions():
+    """chain._pair_cosines: each (sentence, question) pair's dot product, whatever the block size (float64 check)."""
+    from linearrag_torch.chain import _pair_cosines
+
+    g = torch.Generator().manual_seed(3)
+    sent_emb, q = torch.randn(40, 8, generator=g), torch.randn(5, 8, generator=g)
+    b = torch.tensor([0, 0, 0, 2, 2, 3, 4, 4, 4, 4])  # sorted by question; question 1 has no pair
+    s = torch.tensor([3, 7, 39, 7, 3, 0, 1, 7, 3, 20])
+    want = (sent_emb.double()[s] * q.double()[b]).sum(1)
+    for block in (1, 2, 3, 32):
+        got = _pair_cosines(sent_emb, q, s, b, questions=block)
+        assert got.dtype == torch.float32 and torch.allclose(got.double(), want, atol=1e-5)
+    assert _pair_cosines(sent_emb, q, s[:0], b[:0]).numel() == 0
