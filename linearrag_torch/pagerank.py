@@ -317,6 +317,11 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
     wrp, wre = rp, re
     xp, xe = rp.clone(), re.clone()
     bp, be = torch.empty_like(xp), torch.empty_like(xe)
+    if B == 1:  # one question: the same stop rule on Python floats (no tensor bookkeeping per step)
+        xp, xe = _one_column(walk, rp, re, xp, xe, bp, be, d, cfg)
+        rp.copy_(xp)
+        re.copy_(xe)
+        return _result(rp, re, valid, lv, split, entity_scores)
     last = torch.full_like(total, float("inf"))
     running = torch.ones_like(valid)  # over the working columns
     for _ in range(cfg.ppr_max_iter):
@@ -351,11 +356,36 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
     else:
         rp[:, cols[running]] = xp[:, running]  # ppr_max_iter reached
         re[:, cols[running]] = xe[:, running]
+    return _result(rp, re, valid, lv, split, entity_scores)
+
+
+def _result(rp, re, valid, lv, split, entity_scores: bool):
     if not entity_scores:
         return rp, None, valid
     if lv is None:
         return rp, re, valid
     return rp, _expand_entities(lv, re, split), valid
+
+
+def _one_column(walk: PPRGraph, rp, re, xp, xe, bp, be, d: float, cfg: RetrievalConfig):
+    """personalized_pagerank's loop for a batch of one column: the step and the stop rule are the same (the
+    tolerance compared in the iterate's dtype, as the tensor comparison does), decided on Python floats.
+    Returns the final iterate (xp, xe)."""
+    tol = float(torch.tensor(cfg.ppr_tol, dtype=rp.dtype))
+    cols = torch.zeros(1, dtype=torch.int64, device=rp.device)
+    last = float("inf")
+    for _ in range(cfg.ppr_max_iter):
+        for observer in _OBSERVERS:
+            observer.before_step(walk, cols)
+        change = walk.ppr_step(xp, xe, rp, re, d, bp, be)
+        for observer in _OBSERVERS:
+            observer.after_step(walk, cols, change)
+        xp, bp, xe, be = bp, xp, be, xe
+        c = float(change)
+        if c < tol or c >= last:
+            break
+        last = c
+    return xp, xe
 
 
 def _head(buf: torch.Tensor, cols: int) -> torch.Tensor:

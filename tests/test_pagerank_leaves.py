@@ -64,3 +64,39 @@ def test_the_change_of_tracked_leaves_counts_like_the_full_graph():
         torch.testing.assert_close(b[0], a[0])
         torch.testing.assert_close(b[1], a[1])
         torch.testing.assert_close(torch.stack(cb), torch.stack(ca))
+
+
+def _stop_step(changes, tol: float, cap: int) -> int:
+    """The steps a column runs by the stop rule: up to the first change below tol or not below the one before."""
+    last = float("inf")
+    for t, c in enumerate(changes, 1):
+        if c < tol or c >= last:
+            return t
+        last = c
+    return cap
+
+
+@pytest.mark.parametrize("adjacent", [False, True])
+@pytest.mark.parametrize("tol,max_iter", [(1e-6, 200), (1e-9, 300), (1e-30, 7)])
+def test_a_question_alone_takes_the_steps_it_takes_in_a_batch(adjacent, tol, max_iter):
+    """A batch of one runs its own loop (pagerank._one_column): per column the same steps, the same stop
+    (tolerance, change no longer shrinking, or the cap) and the same scores as in a batch."""
+    index = random_index(60, 90, entities_per_sentence=1.5, dim=8, seed=2)
+    C = index.C
+    for graph in (PPRGraph.build(C, adjacent), PPRGraph.build(C, adjacent, collapse_leaves=False)):
+        rp, re = _resets(60, 90, 6, 2)
+        cfg = RetrievalConfig(damping=0.5, ppr_tol=tol, ppr_max_iter=max_iter)
+        with pagerank.observe_steps(ChangeTrace(6)) as batch:
+            xp, xe, valid = personalized_pagerank(graph, rp, re, cfg)
+        changes = torch.stack(batch.changes)  # a stopped column is iterated (ignored) until the set is compacted
+        for b in range(6):
+            with pagerank.observe_steps(ChangeTrace(1)) as alone:
+                xp1, xe1, valid1 = personalized_pagerank(graph, rp[:, b:b + 1], re[:, b:b + 1], cfg)
+            assert bool(valid1[0]) == bool(valid[b])
+            steps = len(alone.changes)
+            assert steps == _stop_step(torch.cat(alone.changes).tolist(), tol, max_iter)
+            if tol >= 1e-6 or max_iter < 10:  # away from the float32 floor (where late sums round apart): same steps
+                assert steps == _stop_step(changes[:, b].tolist(), tol, max_iter), b
+                torch.testing.assert_close(torch.cat(alone.changes), changes[:steps, b], rtol=1e-2, atol=5e-8)
+            torch.testing.assert_close(xp1[:, 0], xp[:, b], rtol=1e-5, atol=1e-9)
+            torch.testing.assert_close(xe1[:, 0], xe[:, b], rtol=1e-4, atol=1e-9)

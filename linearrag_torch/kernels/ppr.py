@@ -50,16 +50,18 @@ def ppr_step(to_passages: torch.Tensor, to_entities: torch.Tensor, between_passa
     the matrices across steps (caches derived from them); None = no caching.
     """
     d = float(damping)
-    if g is None:
-        g = dangling_mass(dangling_passage_idx, dangling_entity_idx, xp, xe)
     workspace = {} if workspace is None else workspace
     if use_triton(xp):
         from .triton import ppr as triton_ppr
 
+        if g is None:
+            g = dangling_mass(dangling_passage_idx, dangling_entity_idx, xp, xe)
         coef = (1.0 - d) + d * g
         return triton_ppr.ppr_step(to_passages, to_entities, between_passages, xp, xe, rp, re, d, coef, out_p, out_e,
                                    workspace)
     dangling = bool(dangling_passage_idx.numel() or dangling_entity_idx.numel())
+    if dangling and g is None:  # nothing dangles: g is 0 and the reset's weight is 1 - d (no pass for it)
+        g = dangling_mass(dangling_passage_idx, dangling_entity_idx, xp, xe)
     return _ppr_step_torch(to_passages, to_entities, between_passages, dangling, xp, xe, rp, re, d, g, out_p, out_e,
                            workspace)
 
