@@ -63,15 +63,54 @@ def nearest_entities(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, r
     return best, arg
 
 
+class NearestMemo:
+    """nearest_entities with the last call's answer kept: a call whose question entities begin with the last
+    call's (equal vectors, equal ``known`` rows) scans only the rows after them. A chain's later round
+    (chain.second_round_queries) asks for the question's own entities again, then its chain seeds.
+    The answer for a row is the one its first scan gave (a scan's rounding can depend, in the last bit, on
+    the rows scanned beside it). One memo per entity matrix (DeviceGraph); the equality check makes a stale
+    or concurrent entry harmless."""
+
+    def __init__(self):
+        self._last = None  # (query vectors, known rows or None, best, arg)
+
+    def __call__(self, entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, known: torch.Tensor | None = None):
+        q = query_entity_emb
+        last, n = self._last, 0
+        if last is not None:
+            pq, pk, pbest, parg = last
+            m = pq.shape[0]
+            if 0 < m <= q.shape[0] and pq.dtype == q.dtype and pq.device == q.device and torch.equal(pq, q[:m]) \
+                    and torch.equal(_rows(pk, m, q.device), _rows(known, m, q.device)):
+                n = m
+        if n:
+            best, arg = pbest, parg
+            if n < q.shape[0]:
+                b, a = nearest_entities(entity_emb, q[n:], known=None if known is None else known[n:])
+                best, arg = torch.cat([best, b]), torch.cat([arg, a])
+        else:
+            best, arg = nearest_entities(entity_emb, q, known=known)
+        self._last = (q, None if known is None else known[:q.shape[0]], best, arg)
+        return best, arg
+
+
+def _rows(known: torch.Tensor | None, m: int, device) -> torch.Tensor:
+    """The first m known rows, -1 (scan) for all of them when there are none."""
+    if known is None or known.numel() < m:
+        return torch.full((m,), -1, dtype=torch.int64, device=device)
+    return known[:m].to(device, torch.int64)
+
+
 def seed_pairs(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, owner: torch.Tensor, batch: int,
-               known: torch.Tensor | None = None):
+               known: torch.Tensor | None = None, nearest: tuple | None = None):
     """Eq. 3 as index lists: (keys, values), keys = e * batch + b sorted and unique, one per (graph entity e,
     question b) that a question entity seeds, values its cosine (the largest when several entities of one
-    question seed e; ties between graph entities go to the lowest index). ``known``: see nearest_entities."""
+    question seed e; ties between graph entities go to the lowest index). ``known``: see nearest_entities;
+    ``nearest``: its answer (best, arg) when the caller has it already (NearestMemo)."""
     if not (query_entity_emb.shape[0] and entity_emb.shape[0]):
         return (torch.zeros(0, dtype=torch.int64, device=entity_emb.device),
                 torch.zeros(0, dtype=entity_emb.dtype, device=entity_emb.device))
-    best, arg = nearest_entities(entity_emb, query_entity_emb, known=known)  # [Q]
+    best, arg = nearest if nearest is not None else nearest_entities(entity_emb, query_entity_emb, known=known)  # [Q]
     keys, inv = torch.unique(arg * batch + owner.to(arg.device), sorted=True, return_inverse=True)
     # a cosine can be <= 0: reduce from -inf
     vals = torch.full((keys.numel(),), float("-inf"), dtype=best.dtype, device=best.device)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from . import kernels
-from .activation import Activation, ActivePairs, dense_seeds, propagate_paper, propagate_reference_pairs, seed_pairs
+from .activation import (Activation, ActivePairs, NearestMemo, dense_seeds, propagate_paper, propagate_reference_pairs,
+                         seed_pairs)
 from .config import RetrievalConfig
 from .index import TriGraphIndex
 from .memory import default_memory_budget
@@ -105,6 +106,7 @@ class DeviceGraph:
         self.sentence_emb = query_embeddings(index.sentence_emb, self.device, upcast)
         self.entity_emb = query_embeddings(index.entity_emb, self.device, upcast)
         self._ppr = {}
+        self.nearest = NearestMemo()  # eq. 3's scan, its last answer kept (a chain's later round repeats it)
 
     def _csr(self, name: str, make) -> torch.Tensor:
         if name not in self._torch_csr:
@@ -178,8 +180,9 @@ def activate_pairs(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalCo
     B, E = queries.batch_size, graph.entity_emb.shape[0]
     known = queries.entity_rows if queries.rows_of is graph.index else None  # stored vectors' rows (pipeline.py)
     # half embeddings: the nearest-entity scan in their dtype, the seed values float32 from there on
-    keys, vals = seed_pairs(graph.entity_emb, queries.entity_emb.to(graph.entity_emb.dtype), queries.entity_owner, B,
-                            known)
+    q_ent = queries.entity_emb.to(graph.entity_emb.dtype)
+    nearest = graph.nearest(graph.entity_emb, q_ent, known) if q_ent.shape[0] and graph.entity_emb.shape[0] else None
+    keys, vals = seed_pairs(graph.entity_emb, q_ent, queries.entity_owner, B, known, nearest)
     vals = vals.float()
     sigma = (graph.sentence_emb, queries.query_emb)  # float32 sigma either way (kernels.gather_sigma)
     if not cfg.use_activation:

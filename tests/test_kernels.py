@@ -153,6 +153,44 @@ def test_nearest_entities_in_blocks_equals_one_product():
     torch.testing.assert_close(best, want.values)
 
 
+def test_nearest_memo_scans_only_the_rows_after_the_last_calls(monkeypatch):
+    """activation.NearestMemo: the answer of nearest_entities; a call that begins with the last call's rows
+    (equal vectors and known rows) scans only the rest; anything else scans everything."""
+    from linearrag_torch import activation
+
+    gen = torch.Generator().manual_seed(9)
+    ents = torch.nn.functional.normalize(torch.randn(300, 8, generator=gen), dim=1)
+    own = torch.randn(3, 8, generator=gen)
+    extra = torch.cat([ents[5:6] * 0.5, torch.randn(2, 8, generator=gen)])
+    scanned = []
+    real = activation.nearest_entities
+
+    def counting(e, q, *a, **k):
+        scanned.append(q.shape[0])
+        return real(e, q, *a, **k)
+
+    monkeypatch.setattr(activation, "nearest_entities", counting)
+    memo = activation.NearestMemo()
+    first = memo(ents, own)
+    both = torch.cat([own, extra])
+    second = memo(ents, both)  # a later round: the question's entities, then the chain seeds
+    want = real(ents, both)
+    assert scanned == [3, 3]
+    assert torch.equal(first[1], want[1][:3]) and torch.equal(second[1], want[1])
+    torch.testing.assert_close(second[0], want[0])
+    again = memo(ents, both, torch.full((6,), -1))  # the same rows, known rows -1 (= scan): no scan at all
+    assert len(scanned) == 2 and torch.equal(again[1], second[1])
+    memo(ents, both, torch.tensor([-1, -1, -1, 5, -1, -1]))  # a known row differs: everything (its own call)
+    assert scanned[2] == 6
+    n = len(scanned)
+    other = own.clone()
+    other[1, 0] += 1e-3
+    memo(ents, other)  # other vectors: everything again
+    assert scanned[n:] == [3]
+    memo(ents, other[:2])  # fewer rows than last time: no reuse
+    assert scanned[-1] == 2
+
+
 # ----------------------------------------------------------------------------------------- Triton, interpreted
 TRITON_SCRIPT = textwrap.dedent(
     """
