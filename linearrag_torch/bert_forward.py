@@ -53,28 +53,41 @@ class BertForward:
         self.position = emb.position_embeddings.weight
         self.embed_norm = emb.LayerNorm
         self.heads = model.config.num_attention_heads
-        self.layers = []
+        self.layers = []  # per layer: (query, key, value, output, ffn in, ffn out) as (weight, bias), and the rest
         for layer in model.encoder.layer:
             att = layer.attention.self
-            self.layers.append((
-                att.query, att.key, att.value, att.scaling,
-                layer.attention.output.dense, layer.attention.output.LayerNorm,
-                layer.intermediate.dense, layer.output.dense, layer.output.LayerNorm,
-            ))
+            linears = (att.query, att.key, att.value, layer.attention.output.dense, layer.intermediate.dense,
+                       layer.output.dense)
+            self.layers.append((tuple((m.weight, m.bias) for m in linears), att.scaling,
+                                layer.attention.output.LayerNorm, layer.output.LayerNorm))
+        self._cast: dict = {}  # dtype -> the linear layers' (weight, bias) in it
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def _linears(self, dtype: torch.dtype | None) -> list:
+        """Per layer the linear layers' (weight, bias), in ``dtype`` (made once: autocast casts them on every
+        forward pass and gets the same values) or as they are (None)."""
+        if dtype is None:
+            return [lin for lin, *_ in self.layers]
+        if dtype not in self._cast:
+            self._cast[dtype] = [tuple((w.detach().to(dtype), b.detach().to(dtype)) for w, b in lin)
+                                 for lin, *_ in self.layers]
+        return self._cast[dtype]
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 autocast: torch.dtype | None = None) -> torch.Tensor:
+        """The last hidden states. ``autocast``: the dtype of the autocast region the call runs in (None: no
+        autocast): the linear layers then take their weights cast to it once, not on every call."""
         B, T = input_ids.shape
         x = self.word[input_ids] + self.token_type0
         x = _norm(x + self.position[:T], self.embed_norm)
         # key padding mask, broadcast over heads and query rows (None when nothing is padded, as BertModel)
         mask = None if bool(attention_mask.all()) else attention_mask[:, None, None, :].bool()
-        for query, key, value, scale, out, out_norm, ffn_in, ffn_out, ffn_norm in self.layers:
-            q, k, v = (F.linear(x, p.weight, p.bias).view(B, T, self.heads, -1).transpose(1, 2) for p in (query, key, value))
+        for (q_, k_, v_, out, ffn_in, ffn_out), (_, scale, out_norm, ffn_norm) in zip(self._linears(autocast), self.layers):
+            q, k, v = (F.linear(x, w, b).view(B, T, self.heads, -1).transpose(1, 2) for w, b in (q_, k_, v_))
             ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
             ctx = ctx.transpose(1, 2).reshape(B, T, -1)
-            x = _norm(F.linear(ctx, out.weight, out.bias) + x, out_norm)
-            h = F.gelu(F.linear(x, ffn_in.weight, ffn_in.bias))
-            x = _norm(F.linear(h, ffn_out.weight, ffn_out.bias) + x, ffn_norm)
+            x = _norm(F.linear(ctx, *out) + x, out_norm)
+            h = F.gelu(F.linear(x, *ffn_in))
+            x = _norm(F.linear(h, *ffn_out) + x, ffn_norm)
         return x
 
 

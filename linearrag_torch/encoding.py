@@ -300,7 +300,7 @@ class Encoder:
             return hidden_states(self._session, input_ids, attention_mask)
         with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
             if self._lean is not None:
-                return self._lean(input_ids, attention_mask)
+                return self._lean(input_ids, attention_mask, self.autocast)
             extra = {"token_type_ids": torch.zeros_like(input_ids)} if "token_type_ids" in self.tokenizer.model_input_names else {}
             return self.model(input_ids=input_ids, attention_mask=attention_mask, **extra).last_hidden_state
 

@@ -28,16 +28,20 @@ def test_equals_bert_model_bit_for_bit(encoder, autocast):
     model, lean = encoder.model, BertForward(encoder.model)
     for ids, mask in _batches():
         with torch.inference_mode(), torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-            want, got = _model_hidden(model, ids, mask), lean(ids, mask)
+            want, got = _model_hidden(model, ids, mask), lean(ids, mask, autocast)
         assert got.dtype == want.dtype and got.shape == want.shape
         assert torch.equal(got, want), (ids.shape, float((got - want).abs().max()))
+    if autocast is not None:  # the weights were cast once, and kept
+        assert lean._cast[autocast][0][0][0].dtype == autocast and len(lean._cast) == 1
 
 
-def test_the_encoder_uses_it_and_its_vectors_are_the_models(encoder):
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_the_encoder_uses_it_and_its_vectors_are_the_models(encoder, precision):
+    encoder = encoder.with_precision(precision)
     assert encoder._lean is not None  # the packaged MiniLM qualifies
     texts = ["Who directed Polish-Russian War?", "Paris", "Teutberga was a queen of Lotharingia by marriage to Lothair II."]
     with_lean = encoder.encode(texts)
-    plain = Encoder(precision="float32")
+    plain = Encoder(precision=precision)
     plain._lean = None  # BertModel's own forward
     assert torch.equal(with_lean, plain.encode(texts))
     ids = encoder.token_keys(texts)
