@@ -107,6 +107,18 @@ class DeviceGraph:
         self.entity_emb = query_embeddings(index.entity_emb, self.device, upcast)
         self._ppr = {}
         self.nearest = NearestMemo()  # eq. 3's scan, its last answer kept (a chain's later round repeats it)
+        self._last_cosines = None  # (questions, their passage cosines): see passage_cosines
+
+    def passage_cosines(self, query_emb: torch.Tensor) -> torch.Tensor:
+        """cosines(passage_emb, query_emb) [P, B], the last answer kept: a chain's later round asks again for
+        the same questions (equal vectors). The result is shared: callers do not write to it."""
+        last = self._last_cosines
+        if last is not None and last[0].shape == query_emb.shape and last[0].device == query_emb.device \
+                and torch.equal(last[0], query_emb):
+            return last[1]
+        sim = cosines(self.passage_emb, query_emb)
+        self._last_cosines = (query_emb, sim)
+        return sim
 
     def _csr(self, name: str, make) -> torch.Tensor:
         if name not in self._torch_csr:
@@ -232,7 +244,7 @@ def _retrieve_chunk(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalC
     B = queries.batch_size
     P, E = graph.passage_emb.shape[0], graph.entity_emb.shape[0]
     k = min(cfg.top_k, P)
-    sim = cosines(graph.passage_emb, queries.query_emb)  # [P, B] float32
+    sim = graph.passage_cosines(queries.query_emb)  # [P, B] float32 (shared: not written to)
     seed_keys, seed_vals, act = activate_pairs(graph, queries, cfg)
     # the active (entity, question) pairs: eq. 7's sum and the PageRank reset are nonzero only there
     e, b = act.row, act.col

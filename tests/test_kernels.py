@@ -191,6 +191,24 @@ def test_nearest_memo_scans_only_the_rows_after_the_last_calls(monkeypatch):
     assert scanned[-1] == 2
 
 
+def test_passage_cosines_keep_the_last_answer():
+    """DeviceGraph.passage_cosines: emb @ qᵀ; the same questions again (a chain's later round) get the kept answer."""
+    from linearrag_torch.engine import DeviceGraph, cosines
+    from linearrag_torch.synthetic import random_index
+
+    graph = DeviceGraph(random_index(30, 40, dim=8, seed=4))
+    gen = torch.Generator().manual_seed(5)
+    q = torch.nn.functional.normalize(torch.randn(3, 8, generator=gen), dim=1)
+    first = graph.passage_cosines(q)
+    assert torch.equal(first, cosines(graph.passage_emb, q))
+    assert graph.passage_cosines(q.clone()) is first  # equal vectors: kept
+    other = q.clone()
+    other[2, 0] += 1e-3
+    second = graph.passage_cosines(other)
+    assert second is not first and torch.equal(second, cosines(graph.passage_emb, other))
+    assert graph.passage_cosines(q[:2]) is not second  # other shape: computed
+
+
 # ----------------------------------------------------------------------------------------- Triton, interpreted
 TRITON_SCRIPT = textwrap.dedent(
     """
