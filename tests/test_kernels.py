@@ -153,6 +153,21 @@ def test_nearest_entities_in_blocks_equals_one_product():
     torch.testing.assert_close(best, want.values)
 
 
+def test_gather_sigma_is_each_pairs_own_product_whatever_the_chunk():
+    """kernels.gather_sigma: a pair's value does not depend on the chunk or on the other pairs (so not on the
+    batch), and is the dot product (float64 check)."""
+    gen = torch.Generator().manual_seed(11)
+    sent, q = torch.randn(500, 16, generator=gen), torch.randn(9, 16, generator=gen)
+    s, b = torch.randint(0, 500, (3000,), generator=gen), torch.randint(0, 9, (3000,), generator=gen)
+    want = (sent.double()[s] * q.double()[b]).sum(1)
+    whole = kernels.gather_sigma((sent, q), s, b, chunk=1 << 16)
+    torch.testing.assert_close(whole.double(), want, rtol=1e-5, atol=1e-5)
+    for chunk in (1, 7, 1024):
+        assert torch.equal(kernels.gather_sigma((sent, q), s, b, chunk=chunk), whole)
+    alone = kernels.gather_sigma((sent, q[3:4]), s[b == 3], torch.zeros(int((b == 3).sum()), dtype=torch.int64))
+    assert torch.equal(alone, whole[b == 3])  # one question alone: its values in the batch
+
+
 def test_nearest_memo_scans_only_the_rows_after_the_last_calls(monkeypatch):
     """activation.NearestMemo: the answer of nearest_entities; a call that begins with the last call's rows
     (equal vectors and known rows) scans only the rest; anything else scans everything."""
