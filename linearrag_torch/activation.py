@@ -68,11 +68,14 @@ class NearestMemo:
     call's (equal vectors, equal ``known`` rows) scans only the rows after them. A chain's later round
     (chain.second_round_queries) asks for the question's own entities again, then its chain seeds.
     The answer for a row is the one its first scan gave (a scan's rounding can depend, in the last bit, on
-    the rows scanned beside it). One memo per entity matrix (DeviceGraph); the equality check makes a stale
-    or concurrent entry harmless."""
+    the rows scanned beside it). One memo per entity matrix (DeviceGraph, which clears it after a chain); the
+    equality check makes a stale or concurrent entry harmless."""
 
     def __init__(self):
         self._last = None  # (query vectors, known rows or None, best, arg)
+
+    def clear(self) -> None:
+        self._last = None
 
     def __call__(self, entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, known: torch.Tensor | None = None):
         q = query_entity_emb

@@ -10,6 +10,7 @@ question does not depend on the chunk it runs in.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -106,18 +107,31 @@ class DeviceGraph:
         self.sentence_emb = query_embeddings(index.sentence_emb, self.device, upcast)
         self.entity_emb = query_embeddings(index.entity_emb, self.device, upcast)
         self._ppr = {}
-        self.nearest = NearestMemo()  # eq. 3's scan, its last answer kept (a chain's later round repeats it)
+        self.nearest = NearestMemo()  # eq. 3's scan (keeping_last: a chain's later round repeats it)
         self._last_cosines = None  # (questions, their passage cosines): see passage_cosines
+        self._keep = False
+
+    @contextmanager
+    def keeping_last(self, keep: bool = True):
+        """Within the block (with ``keep``), passage_cosines keeps its last answer and ``nearest`` its last scan,
+        for a chain's later rounds, which ask again for the same questions; afterwards both are dropped."""
+        self._keep = keep
+        try:
+            yield self
+        finally:
+            self._keep = False
+            self._last_cosines = None
+            self.nearest.clear()
 
     def passage_cosines(self, query_emb: torch.Tensor) -> torch.Tensor:
-        """cosines(passage_emb, query_emb) [P, B], the last answer kept: a chain's later round asks again for
-        the same questions (equal vectors). The result is shared: callers do not write to it."""
+        """cosines(passage_emb, query_emb) [P, B]; within keeping_last the last answer is kept and given again for
+        equal question vectors (then shared: callers do not write to it)."""
         last = self._last_cosines
         if last is not None and last[0].shape == query_emb.shape and last[0].device == query_emb.device \
                 and torch.equal(last[0], query_emb):
             return last[1]
         sim = cosines(self.passage_emb, query_emb)
-        self._last_cosines = (query_emb, sim)
+        self._last_cosines = (query_emb, sim) if self._keep else None
         return sim
 
     def _csr(self, name: str, make) -> torch.Tensor:
@@ -217,7 +231,12 @@ def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, 
     from .chain import chain_retrieve, enabled as chain_enabled
 
     if chain_enabled(cfg):
-        return chain_retrieve(lambda q, c, t: retrieve(graph, q, c, t, memory_budget), graph.index, queries, cfg, trace)
+        # the rounds of a batch that runs in one chunk share its passage cosines and eq. 3's scan (kept only
+        # for the chain: a kept [P, B] product would add to a chunked batch's memory budget)
+        one_chunk = queries.batch_size <= graph.questions_per_chunk(memory_budget, cfg)
+        with graph.keeping_last(one_chunk):
+            return chain_retrieve(lambda q, c, t: retrieve(graph, q, c, t, memory_budget), graph.index, queries, cfg,
+                                  trace)
     queries = queries.to(graph.device)
     B = queries.batch_size
     if cfg.use_ppr:

@@ -207,21 +207,32 @@ def test_nearest_memo_scans_only_the_rows_after_the_last_calls(monkeypatch):
 
 
 def test_passage_cosines_keep_the_last_answer():
-    """DeviceGraph.passage_cosines: emb @ qᵀ; the same questions again (a chain's later round) get the kept answer."""
+    """DeviceGraph.passage_cosines: emb @ qᵀ; within keeping_last (a chain's rounds) the same questions again get
+    the kept answer; afterwards nothing is kept."""
     from linearrag_torch.engine import DeviceGraph, cosines
     from linearrag_torch.synthetic import random_index
 
     graph = DeviceGraph(random_index(30, 40, dim=8, seed=4))
     gen = torch.Generator().manual_seed(5)
     q = torch.nn.functional.normalize(torch.randn(3, 8, generator=gen), dim=1)
-    first = graph.passage_cosines(q)
-    assert torch.equal(first, cosines(graph.passage_emb, q))
-    assert graph.passage_cosines(q.clone()) is first  # equal vectors: kept
-    other = q.clone()
-    other[2, 0] += 1e-3
-    second = graph.passage_cosines(other)
-    assert second is not first and torch.equal(second, cosines(graph.passage_emb, other))
-    assert graph.passage_cosines(q[:2]) is not second  # other shape: computed
+    outside = graph.passage_cosines(q)
+    assert torch.equal(outside, cosines(graph.passage_emb, q))
+    assert graph.passage_cosines(q) is not outside  # outside keeping_last nothing is kept
+    with graph.keeping_last():
+        first = graph.passage_cosines(q)
+        assert torch.equal(first, outside)
+        assert graph.passage_cosines(q.clone()) is first  # equal vectors: kept
+        other = q.clone()
+        other[2, 0] += 1e-3
+        second = graph.passage_cosines(other)
+        assert second is not first and torch.equal(second, cosines(graph.passage_emb, other))
+        assert graph.passage_cosines(q[:2]) is not second  # other shape: computed
+        graph.nearest(graph.entity_emb, q)
+        assert graph.nearest._last is not None
+    assert graph._last_cosines is None and graph.nearest._last is None  # dropped after the block
+    with graph.keeping_last(False):  # a chunked batch: nothing kept
+        graph.passage_cosines(q)
+        assert graph._last_cosines is None
 
 
 # ----------------------------------------------------------------------------------------- Triton, interpreted
