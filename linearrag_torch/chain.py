@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from .config import RetrievalConfig
+from .kernels import segment_positions
 from .queries import EncodedQueries, PassagePrior, Retrieved
 
 
@@ -126,14 +127,13 @@ def passage_prior(index, queries: EncodedQueries, seeds: list[dict], cfg: Retrie
         S, P = int(sp_crow.numel() - 1), len(index.titles)
         ents = torch.tensor([e for sd in seeds for e in sorted(sd)], dtype=torch.int64)
         qb = torch.tensor([b for b, sd in enumerate(seeds) for _ in sd], dtype=torch.int64)
-        lo, hi = mt_crow[ents], mt_crow[ents + 1]
-        pairs = torch.unique(qb.repeat_interleave(hi - lo) * S + mt_col[_ranges(lo, hi)])  # b * S + s, sorted
+        owner, pos, _ = segment_positions(mt_crow, ents)  # (seed, sentence) entries
+        pairs = torch.unique(qb[owner] * S + mt_col[pos])  # b * S + s, sorted
         b, sent = pairs // S, pairs % S
         cos = _pair_cosines(index.sentence_emb, q, sent, b)
-        lo, hi = sp_crow[sent], sp_crow[sent + 1]
-        pos = _ranges(lo, hi)  # (pair, passage) entries
+        owner, pos, _ = segment_positions(sp_crow, sent)  # (pair, passage) entries
         keep = ~sp_title[pos]  # a passage's own title line names it and links nowhere new (as in chain_seeds)
-        at = torch.arange(pairs.numel()).repeat_interleave(hi - lo)[keep]
+        at = owner[keep]
         keys, inv = torch.unique(b[at] * P + sp_pas[pos][keep], return_inverse=True)  # b * P + p, sorted
         best = torch.full((keys.numel(),), float("-inf")).scatter_reduce_(0, inv, cos[at], "amax")
         return PassagePrior(float(cfg.chain_prior_floor), (keys % P).to(dev), (keys // P).to(dev), best.to(dev))
@@ -154,15 +154,6 @@ def _pair_cosines(sentence_emb: torch.Tensor, q: torch.Tensor, sent: torch.Tenso
             cos = sentence_emb.index_select(0, u).float() @ q[first:first + questions].T
             out[lo:hi] = cos[inv, b[lo:hi] - first]
     return out
-
-
-def _ranges(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
-    """The positions lo[i] .. hi[i] - 1 of every i, concatenated."""
-    n = hi - lo
-    if int(n.sum()) == 0:
-        return torch.zeros(0, dtype=torch.int64)
-    start = torch.repeat_interleave(lo - torch.cumsum(n, 0) + n, n)
-    return start + torch.arange(int(n.sum()))
 
 
 _BRIDGE: list = [None, None]  # (the M.col, PS.col, sentences and titles objects, the tables) of the last index asked

@@ -325,11 +325,7 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
     last = torch.full_like(total, float("inf"))
     running = torch.ones_like(valid)  # over the working columns
     for _ in range(cfg.ppr_max_iter):
-        for observer in _OBSERVERS:
-            observer.before_step(walk, cols)
-        change = walk.ppr_step(xp, xe, wrp, wre, d, bp, be)
-        for observer in _OBSERVERS:
-            observer.after_step(walk, cols, change)
+        change = _observed_step(walk, cols, xp, xe, wrp, wre, d, bp, be)
         xp, bp, xe, be = bp, xp, be, xe  # the new iterate; the old one is scratch
         # the L1 change shrinks by at least d per step in exact arithmetic; once it stops shrinking the
         # column sits at the float rounding floor (about 1e-7 in float32), where more steps change nothing
@@ -375,17 +371,23 @@ def _one_column(walk: PPRGraph, rp, re, xp, xe, bp, be, d: float, cfg: Retrieval
     cols = torch.zeros(1, dtype=torch.int64, device=rp.device)
     last = float("inf")
     for _ in range(cfg.ppr_max_iter):
-        for observer in _OBSERVERS:
-            observer.before_step(walk, cols)
-        change = walk.ppr_step(xp, xe, rp, re, d, bp, be)
-        for observer in _OBSERVERS:
-            observer.after_step(walk, cols, change)
+        change = _observed_step(walk, cols, xp, xe, rp, re, d, bp, be)
         xp, bp, xe, be = bp, xp, be, xe
         c = float(change)
         if c < tol or c >= last:
             break
         last = c
     return xp, xe
+
+
+def _observed_step(walk: PPRGraph, cols, xp, xe, rp, re, d: float, bp, be) -> torch.Tensor:
+    """walk.ppr_step (into bp, be) between the observers' before_step and after_step; returns the L1 change."""
+    for observer in _OBSERVERS:
+        observer.before_step(walk, cols)
+    change = walk.ppr_step(xp, xe, rp, re, d, bp, be)
+    for observer in _OBSERVERS:
+        observer.after_step(walk, cols, change)
+    return change
 
 
 def _head(buf: torch.Tensor, cols: int) -> torch.Tensor:
