@@ -91,5 +91,39 @@ class BertForward:
         return x
 
 
+    def packed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               autocast: torch.dtype | None = None) -> torch.Tensor:
+        """The last hidden states of a padded batch as ``__call__`` gives them, with the padding left out of
+        the per-token work: the embeddings, linear layers, LayerNorms and GELU run on the real tokens only
+        (packed one after another), and attention on a padded copy of the query, key and value rows (the
+        same ``scaled_dot_product_attention`` call). Padded positions come back as zeros (mean pooling
+        ignores them). Worth it where padding is a large share of the batch (a question beside its short
+        entity strings); a token's values match ``__call__``'s to float rounding (the products run on
+        another number of rows)."""
+        B, T = input_ids.shape
+        real = attention_mask.reshape(-1).bool()
+        slot = torch.nonzero(real).flatten()  # the real tokens' places in the padded [B * T] layout
+        position = slot % T
+        x = self.word[input_ids.reshape(-1)[slot]] + self.token_type0
+        x = _norm(x + self.position[position], self.embed_norm)
+        mask = None if slot.numel() == B * T else attention_mask[:, None, None, :].bool()
+
+        def padded(y: torch.Tensor) -> torch.Tensor:  # [tokens, H] -> [B, heads, T, H / heads]
+            out = y.new_zeros(B * T, y.shape[1])
+            out[slot] = y
+            return out.view(B, T, self.heads, -1).transpose(1, 2)
+
+        for (q_, k_, v_, out, ffn_in, ffn_out), (_, scale, out_norm, ffn_norm) in zip(self._linears(autocast), self.layers):
+            q, k, v = (padded(F.linear(x, w, b)) for w, b in (q_, k_, v_))
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+            ctx = ctx.transpose(1, 2).reshape(B * T, -1)[slot]
+            x = _norm(F.linear(ctx, *out) + x, out_norm)
+            h = F.gelu(F.linear(x, *ffn_in))
+            x = _norm(F.linear(h, *ffn_out) + x, ffn_norm)
+        hidden = x.new_zeros(B * T, x.shape[1])
+        hidden[slot] = x
+        return hidden.view(B, T, -1)
+
+
 def _norm(x: torch.Tensor, ln: torch.nn.LayerNorm) -> torch.Tensor:
     return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import time
 
 MEMORY_BUDGET_ENV = "LINEARRAG_MEMORY_BUDGET"
 
@@ -44,12 +45,26 @@ def default_memory_budget(device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return free // 2
+    return max(256 << 20, min(4 << 30, _available_ram() // 4))
+
+
+_MEMINFO_MAX_AGE_S = 1.0  # a query batch reads the budget up to three times (a chain's rounds): once a second is enough
+_meminfo: tuple = (float("-inf"), 0)  # (time.monotonic() of the reading, MemAvailable bytes)
+
+
+def _available_ram() -> int:
+    """MemAvailable of /proc/meminfo in bytes, read at most once per _MEMINFO_MAX_AGE_S (8 GiB where unreadable)."""
+    global _meminfo
+    now = time.monotonic()
+    if now - _meminfo[0] < _MEMINFO_MAX_AGE_S:
+        return _meminfo[1]
     try:
         with open("/proc/meminfo") as fh:
             avail = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable"))
     except (OSError, StopIteration, ValueError):
         avail = 8 << 30
-    return max(256 << 20, min(4 << 30, avail // 4))
+    _meminfo = (now, avail)
+    return avail
 
 
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3

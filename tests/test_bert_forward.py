@@ -45,7 +45,42 @@ def test_the_encoder_uses_it_and_its_vectors_are_the_models(encoder, precision):
     plain._lean = None  # BertModel's own forward
     assert torch.equal(with_lean, plain.encode(texts))
     ids = encoder.token_keys(texts)
-    assert torch.equal(encoder.encode_token_ids(ids), plain.encode_token_ids(ids))
+    # the question path packs this pass (much padding: BertForward.packed), equal to float rounding
+    got, want = encoder.encode_token_ids(ids), plain.encode_token_ids(ids)
+    assert torch.allclose(got, want, atol=1e-6 if precision == "float32" else 1e-2, rtol=0), float((got - want).abs().max())
+
+
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16])
+def test_packed_forward_equals_the_padded_one(encoder, autocast):
+    """BertForward.packed skips the padding's per-token work: the real tokens' states match __call__'s (to
+    float rounding: its products run on another number of rows), padded positions are zeros."""
+    lean = BertForward(encoder.model)
+    tol = 1e-5 if autocast is None else 5e-2
+    for ids, mask in _batches():
+        with torch.inference_mode(), torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            want, got = lean(ids, mask, autocast), lean.packed(ids, mask, autocast)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        real = mask.bool()
+        assert torch.allclose(got[real], want[real], atol=tol, rtol=0), float((got[real] - want[real]).abs().max())
+        assert not got[~real].any()
+
+
+def test_question_passes_with_much_padding_are_packed(encoder, monkeypatch):
+    """encode_token_ids packs a pass whose padded tokens reach PACK_MIN_PADDED times its real ones (a question
+    beside short entity strings), not one without padding; the vectors are those of the padded pass."""
+    from linearrag_torch import encoding
+
+    calls = []
+    real_packed = BertForward.packed
+    monkeypatch.setattr(BertForward, "packed", lambda self, *a: calls.append(a[0].shape) or real_packed(self, *a))
+    ids = encoder.token_keys(["Who was the spouse of the director of Polish-Russian War?", "Paris", "Lothair II"])
+    mixed = encoder.encode_token_ids(ids)
+    assert calls == [(3, len(ids[0]))]
+    encoder.encode_token_ids(ids[:1])
+    assert len(calls) == 1  # one question alone: no padding, not packed
+    monkeypatch.setattr(encoding, "PACK_MIN_PADDED", float("inf"))
+    assert torch.allclose(mixed, encoder.encode_token_ids(ids), atol=1e-6, rtol=0)
+    assert len(calls) == 1
 
 
 def test_models_it_does_not_reproduce_keep_their_forward(encoder):
