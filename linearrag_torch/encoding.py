@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import json
 from array import array
+from collections import Counter
 from pathlib import Path
 from typing import Optional, Protocol, Sequence
 
@@ -27,6 +28,11 @@ QUANTIZE_CHOICES = (None, "int8", "int8-all")
 QUERY_TOKEN_BUDGET = 512  # encode_token_ids: padded tokens per forward pass (rows x longest row); larger
 # passes measured slower on a 2-core CPU (their activations leave the cache)
 QUERY_MAX_ROWS = 64
+# encode() (the build): padded tokens per forward pass, rows at most the encoder's batch_size (IndexConfig).
+# hotpotqa_train100 on a 2-core Xeon, bf16: entities 1.5 s against 3.4 s in passes of 64 texts sorted by
+# characters, sentences 4.3 against 6.4, passages 4.0 against 6.2 (2,048 and 8,192 tokens were slower)
+ENCODE_TOKEN_BUDGET = 4096
+ENCODE_TOKEN_BUDGET_GPU = 65536  # a GPU wants large passes (not measured here)
 # encode_token_ids packs a forward pass (BertForward.packed) whose padded tokens are at least this many times
 # its real ones: one question beside its short entity strings (hotpotqa_train100 questions, 2-core CPU: a
 # question with two 4-token strings 5.6 against 7.7 ms; a pass with little padding is faster padded)
@@ -150,7 +156,7 @@ def _precision_name(autocast) -> str:
 class Encoder:
     """Embeds texts as L2-normalised float32 vectors, batched and sorted by length."""
 
-    def __init__(self, name_or_path: str = MINILM_NAMES[0], device="cpu", max_length: int = 256, batch_size: int = 64,
+    def __init__(self, name_or_path: str = MINILM_NAMES[0], device="cpu", max_length: int = 256, batch_size: int = 256,
                  autocast="auto", quantize: str | None = None, precision: str | None = None, backend: str = "torch"):
         """``precision``: IndexConfig.encoder_precision ("auto", "float32" or "bfloat16", see
         resolve_precision); the transformer then runs under bf16 autocast or in float32, and ``autocast``
@@ -242,37 +248,31 @@ class Encoder:
     def encode(self, texts: Sequence[str], progress: bool = False, desc: str = "", keys=None) -> torch.Tensor:
         """[len(texts), dim] float32 on the encoder's device: mean pooling over the attention mask, L2 norm.
 
+        The texts are tokenized once, sorted by token count and cut into forward passes of at most
+        ``batch_size`` texts and ENCODE_TOKEN_BUDGET padded tokens (encode_token_ids), so that short texts
+        (entity names) ride in large passes and long ones (passages) in small ones.
         Texts with equal token ids (for an uncased model: texts that differ only in case or accents)
         are encoded once and get one and the same vector, so that equal inputs tie exactly. Other
-        texts' vectors depend on which texts share their batch (padding) in the last bits (~1e-7).
+        texts' vectors depend on which texts share their pass in the last bits (~1e-7 in float32, ~1e-3
+        per component under bf16 autocast).
         ``keys``: token_keys(texts) when the caller has them already.
         """
         texts = list(texts)
-        out = torch.empty(len(texts), self.dim, dtype=torch.float32, device=self.device)
         if not texts:
-            return out
-        first: dict = {}
-        source = [first.setdefault(k, i) for i, k in enumerate(keys if keys is not None else self.token_keys(texts))]
-        unique = list(first.values())
-        order = sorted(unique, key=lambda i: -len(texts[i]))  # longest first, as sentence-transformers
-        bar = tqdm(total=len(texts), desc=desc or "encode", unit="text", disable=not progress or not texts)
-        with torch.inference_mode(), bar:
-            for start in range(0, len(order), self.batch_size):
-                idx = order[start : start + self.batch_size]
-                out[torch.tensor(idx, device=self.device)] = self._encode_batch([texts[i] for i in idx])
-                bar.update(len(idx))
-            if len(unique) < len(texts):
-                out = out[torch.tensor(source, device=self.device)]
-            bar.update(len(texts) - len(unique))
-        return out
+            return torch.empty(0, self.dim, dtype=torch.float32, device=self.device)
+        keys = keys if keys is not None else self.token_keys(texts)
+        budget = ENCODE_TOKEN_BUDGET if self.device.type == "cpu" else ENCODE_TOKEN_BUDGET_GPU
+        with tqdm(total=len(texts), desc=desc or "encode", unit="text", disable=not progress) as bar:
+            return self.encode_token_ids(keys, budget, self.batch_size, on_pass=bar.update)
 
     def encode_token_ids(self, ids: Sequence[Sequence[int]], token_budget: int = QUERY_TOKEN_BUDGET,
-                         max_rows: int = QUERY_MAX_ROWS) -> torch.Tensor:
-        """[len(ids), dim] float32 vectors of already tokenized texts (token_keys(); the query path).
+                         max_rows: int = QUERY_MAX_ROWS, on_pass=None) -> torch.Tensor:
+        """[len(ids), dim] float32 vectors of already tokenized texts (token_keys(); the query path, and encode()).
 
         The texts are sorted by token count and cut into forward passes of at most ``max_rows`` rows and
         ``token_budget`` padded tokens, so that short texts (entity names) are not padded to the length
-        of long ones (questions). Equal token ids get one vector, as in encode().
+        of long ones (questions). Equal token ids get one vector, as in encode(). ``on_pass(n)``: called after
+        each pass with the number of texts it settled (a progress bar's update).
         """
         ids = [tuple(x) for x in ids]
         out = torch.empty(len(ids), self.dim, dtype=torch.float32, device=self.device)
@@ -281,19 +281,16 @@ class Encoder:
         first: dict = {}
         source = [first.setdefault(k, i) for i, k in enumerate(ids)]
         order = sorted(first.values(), key=lambda i: -len(ids[i]))
-        pad = self.tokenizer.pad_token_id or 0
+        repeats = Counter(source) if on_pass is not None else None
         with torch.inference_mode():
             start = 0
             while start < len(order):
-                longest = len(ids[order[start]])
-                rows = max(1, min(max_rows, token_budget // max(longest, 1)))
+                rows = max(1, min(max_rows, token_budget // max(len(ids[order[start]]), 1)))
                 idx = order[start:start + rows]
                 start += len(idx)
-                batch = torch.tensor([ids[i] + (pad,) * (longest - len(ids[i])) for i in idx], dtype=torch.int64)
-                mask = torch.tensor([[1] * len(ids[i]) + [0] * (longest - len(ids[i])) for i in idx], dtype=torch.int64)
-                pack = len(idx) * longest >= PACK_MIN_PADDED * sum(len(ids[i]) for i in idx)
-                out[torch.tensor(idx, device=self.device)] = self._forward(batch.to(self.device), mask.to(self.device),
-                                                                           pack)
+                out[torch.tensor(idx, device=self.device)] = self._encode_pass([ids[i] for i in idx])
+                if on_pass is not None:
+                    on_pass(sum(repeats[i] for i in idx))
             if len(first) < len(ids):
                 out = out[torch.tensor(source, device=self.device)]
         return out
@@ -319,9 +316,15 @@ class Encoder:
         mean = summed / mask.sum(dim=1).clamp(min=1e-9)
         return F.normalize(mean, p=2, dim=1)
 
-    def _encode_batch(self, batch: list) -> torch.Tensor:
-        enc = self.tokenizer(batch, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
-        return self._forward(enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device))
+    def _encode_pass(self, rows: Sequence[tuple]) -> torch.Tensor:
+        """One forward pass over token id rows (token_keys()), padded to the longest: [len(rows), dim] float32.
+        A pass whose padded tokens are PACK_MIN_PADDED times its real ones or more runs packed (BertForward.packed)."""
+        longest = max(len(r) for r in rows)
+        pad = self.tokenizer.pad_token_id or 0
+        batch = torch.tensor([tuple(r) + (pad,) * (longest - len(r)) for r in rows], dtype=torch.int64)
+        mask = torch.tensor([[1] * len(r) + [0] * (longest - len(r)) for r in rows], dtype=torch.int64)
+        pack = len(rows) * longest >= PACK_MIN_PADDED * sum(len(r) for r in rows)
+        return self._forward(batch.to(self.device), mask.to(self.device), pack)
 
 
 # ---------------------------------------------------------------- indexing: new texts' vectors

@@ -277,7 +277,7 @@ def ray_analyse(ray, cfg: IndexConfig, ner_actors: int, progress: bool = True):
 # ---------------------------------------------------------------------------------------------- encoding
 class _EncodeActor:
     """The index's encoder loaded once (api._load_encoder, as the local build loads it); each row is one
-    forward pass (JSON list of texts), answered with its float32 vectors as bytes."""
+    forward pass (JSON list of token id lists, Encoder._encode_pass), answered with its float32 vectors as bytes."""
 
     def __init__(self):
         self.loaded = _Loaded()
@@ -295,9 +295,9 @@ class _EncodeActor:
 
         out = []
         with torch.inference_mode():
-            for texts_json, setup_json in zip(batch["texts"], batch["setup"]):
+            for tokens_json, setup_json in zip(batch["tokens"], batch["setup"]):
                 encoder = self.loaded.get(setup_json, self._load)
-                vectors = encoder._encode_batch(json.loads(texts_json))
+                vectors = encoder._encode_pass([tuple(row) for row in json.loads(tokens_json)])
                 out.append(vectors.float().cpu().numpy().astype(np.float32).tobytes())
         return {"batch": batch["batch"], "count": batch["count"], "vectors": np.array(out, dtype=object)}
 
@@ -352,8 +352,8 @@ class RayEncoder:
         return self.local.token_keys(texts)
 
     def forward_passes(self, texts: Sequence[str], keys=None) -> tuple[list, torch.Tensor]:
-        """(the forward passes Encoder.encode(texts) makes, each a list of texts; per text, its pass and
-        its row in that pass as a [len(texts), 2] int64 tensor)."""
+        """(the forward passes Encoder.encode(texts) makes, each a list of token id tuples; per text, its pass
+        and its row in that pass as a [len(texts), 2] int64 tensor)."""
         passes: list = []
         dim = self.local.dim
 
@@ -364,13 +364,13 @@ class RayEncoder:
             passes.append(list(batch))
             return where
 
-        self.local._encode_batch = record  # the instance attribute shadows the method
+        self.local._encode_pass = record  # the instance attribute shadows the method
         try:
             where = self.local.encode(list(texts), keys=keys)
         finally:
-            del self.local._encode_batch
+            del self.local._encode_pass
         if texts and not passes:
-            raise RuntimeError("Encoder.encode made no call to Encoder._encode_batch: ray_build.RayEncoder must "
+            raise RuntimeError("Encoder.encode made no call to Encoder._encode_pass: ray_build.RayEncoder must "
                                "follow the change of encoding.Encoder")
         return passes, where[:, :2].round().to(torch.int64)
 
@@ -379,7 +379,7 @@ class RayEncoder:
         if not texts:
             return torch.zeros(0, self.dim, dtype=torch.float32)
         passes, where = self.forward_passes(texts, keys)
-        rows = [{"batch": b, "count": len(p), "texts": json.dumps(p, ensure_ascii=False)} for b, p in enumerate(passes)]
+        rows = [{"batch": b, "count": len(p), "tokens": json.dumps(p)} for b, p in enumerate(passes)]
         plan = self.plan
         remote = {"num_cpus": plan.encode_cpus if plan.encode_gpus == 0 else min(plan.encode_cpus, 1.0),
                   "num_gpus": plan.encode_gpus}

@@ -39,14 +39,14 @@ def test_equals_bert_model_bit_for_bit(encoder, autocast):
 def test_the_encoder_uses_it_and_its_vectors_are_the_models(encoder, precision):
     encoder = encoder.with_precision(precision)
     assert encoder._lean is not None  # the packaged MiniLM qualifies
-    texts = ["Who directed Polish-Russian War?", "Paris", "Teutberga was a queen of Lotharingia by marriage to Lothair II."]
-    with_lean = encoder.encode(texts)
+    texts = ["Who directed Polish-Russian War?", "Who directed the film Polish-Russian War?", "Teutberga was a queen."]
     plain = Encoder(precision=precision)
     plain._lean = None  # BertModel's own forward
-    assert torch.equal(with_lean, plain.encode(texts))
-    ids = encoder.token_keys(texts)
-    # the question path packs this pass (much padding: BertForward.packed), equal to float rounding
-    got, want = encoder.encode_token_ids(ids), plain.encode_token_ids(ids)
+    # texts of about one length: one pass with little padding, not packed: bit for bit
+    assert torch.equal(encoder.encode(texts), plain.encode(texts))
+    # much padding: the pass runs packed (BertForward.packed), equal to float rounding
+    texts += ["Paris", "Teutberga was a queen of Lotharingia by marriage to Lothair II, King of Lotharingia."]
+    got, want = encoder.encode(texts), plain.encode(texts)
     assert torch.allclose(got, want, atol=1e-6 if precision == "float32" else 1e-2, rtol=0), float((got - want).abs().max())
 
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from linearrag_torch import LinearRAG, ray_build
+from linearrag_torch import LinearRAG, encoding, ray_build
 from linearrag_torch.cli import main
 from linearrag_torch.config import IndexConfig
 from linearrag_torch.index import MATRICES, NER_PARTS, TriGraphIndex
@@ -209,8 +209,13 @@ def test_forward_passes_are_the_local_encoders(encoder):
     texts += [texts[3], texts[50].upper(), texts[41]]  # repeats; the model is uncased: equal token ids
     rayenc = ray_build.RayEncoder(None, IndexConfig(), plan=None, local=encoder)
     passes, where = rayenc.forward_passes(texts)
-    assert [len(p) for p in passes] == [64, 36]  # 100 distinct token sequences in passes of batch_size 64
+    # 100 distinct token sequences, longest first, in passes of at most batch_size rows and the token budget
+    assert sum(len(p) for p in passes) == 100 and len(passes) > 1
+    lengths = [len(row) for p in passes for row in p]
+    assert lengths == sorted(lengths, reverse=True)
+    assert all(len(p) <= encoder.batch_size and (len(p) == 1 or len(p) * len(p[0]) <= encoding.ENCODE_TOKEN_BUDGET)
+               for p in passes)
     with torch.inference_mode():
-        pieces = [encoder._encode_batch(p) for p in passes]
+        pieces = [encoder._encode_pass(p) for p in passes]
     assert torch.equal(ray_build.assemble(pieces, where), encoder.encode(texts))
     assert torch.equal(where[-3], where[3]) and torch.equal(where[-2], where[50])
