@@ -7,7 +7,9 @@ For each server configuration (dynamic batching: --max-batch-size 64; batching o
 the script starts `linearrag serve` as a child process on a free port, waits for /health, warms it up,
 then for each concurrency C runs C clients, each sending one question per request and the next as soon
 as the answer arrives, for --duration seconds (or --max-requests in all): throughput, latency
-percentiles, responses by status, mean batch size (from /metrics) and the server's RSS.
+percentiles (of the whole phase, and of the requests sent in its second half, after the onset of the load),
+responses by status, mean batch size (from /metrics), the server's own view of the phase (its request and
+queue-wait histograms: mean and the bucket bounds of p50 / p99) and the server's RSS.
 Then, on the batching server, an overload phase: --overload-clients clients against
 --max-concurrent (the largest concurrency), which must give only 200s and 429s with bounded RSS,
 followed by a recovery phase at the first concurrency that must give only 200s.
@@ -83,13 +85,28 @@ class Server:
         return {"rss_bytes": status_bytes("VmRSS", self.proc.pid), "peak_rss_bytes": status_bytes("VmHWM", self.proc.pid)}
 
     def metrics(self) -> dict:
-        """The batch-size histogram's sum and count (questions, engine calls)."""
+        """The batch-size histogram's sum and count (questions, engine calls), and the server's own histograms of
+        /v1/search 200s ("request") and of queue waits ("queue"): {"buckets": {le: cumulative count}, "sum", "count"}."""
         text = httpx.get(self.url + "/metrics", timeout=10).text
         vals = {}
         for line in text.splitlines():
             for name in ("linearrag_batch_size_questions_sum", "linearrag_batch_size_questions_count"):
                 if line.startswith(name + " "):
                     vals[name.rsplit("_", 1)[1]] = float(line.split()[-1])
+        for key, name, labels in (("request", "linearrag_request_duration_seconds", 'route="/v1/search",status="200"'),
+                                  ("queue", "linearrag_queue_wait_seconds", "")):
+            h = vals[key] = {"buckets": {}, "sum": 0.0, "count": 0.0}
+            for line in text.splitlines():
+                if not line.startswith(name) or (labels and labels not in line):
+                    continue
+                series, value = line.rsplit(" ", 1)
+                if series.startswith(name + "_bucket"):
+                    le = series.split('le="', 1)[1].split('"', 1)[0]
+                    h["buckets"][float(le)] = float(value)
+                elif series.startswith(name + "_sum"):
+                    h["sum"] = float(value)
+                elif series.startswith(name + "_count"):
+                    h["count"] = float(value)
         return vals
 
     def stop(self) -> int:
@@ -113,6 +130,8 @@ async def closed_loop(url: str, questions: list[str], clients: int, duration: fl
     order = list(range(len(questions)))
     rng.shuffle(order)
     latencies, statuses = [], Counter()
+    late = []  # latencies of the 200s sent in the second half of the phase (after the onset of the load)
+    begin = time.perf_counter()
     sent = 0
     deadline = time.perf_counter() + duration
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
@@ -130,6 +149,8 @@ async def closed_loop(url: str, questions: list[str], clients: int, duration: fl
                 statuses[str(r.status_code)] += 1
                 if r.status_code == 200:
                     latencies.append(time.perf_counter() - t0)
+                    if t0 - begin >= duration / 2:
+                        late.append(latencies[-1])
                 elif r.status_code == 429:
                     await asyncio.sleep(0.01)  # keep the pressure on, without a busy loop
             except httpx.HTTPError as exc:
@@ -141,7 +162,8 @@ async def closed_loop(url: str, questions: list[str], clients: int, duration: fl
     wall = time.perf_counter() - t0
     return {"clients": clients, "seconds": round(wall, 3), "requests": sum(statuses.values()),
             "ok": len(latencies), "statuses": dict(statuses),
-            "throughput_qps": round(len(latencies) / wall, 2) if wall else None, **percentiles(latencies)}
+            "throughput_qps": round(len(latencies) / wall, 2) if wall else None, **percentiles(latencies),
+            "second_half": {"ok": len(late), **percentiles(late)}}
 
 
 def percentiles(latencies: list[float]) -> dict:
@@ -162,11 +184,31 @@ def phase(server: Server, name: str, questions, clients, args) -> dict:
     calls = after.get("count", 0) - before.get("count", 0)
     row.update(phase=name, engine_calls=int(calls),
                mean_batch_size=round((after.get("sum", 0) - before.get("sum", 0)) / calls, 2) if calls else None,
-               **server.memory())
+               server=server_side(before, after), **server.memory())
+    srv = row["server"]["request"]
     print(f"[serve] {name:>12} c={clients:<4} {row['throughput_qps']} q/s  p50 {row['p50_ms']} ms  p99 "
           f"{row['p99_ms']} ms  batch {row['mean_batch_size']}  {row['statuses']}  rss "
-          f"{(row['rss_bytes'] or 0) / 2**20:.0f} MiB", file=sys.stderr, flush=True)
+          f"{(row['rss_bytes'] or 0) / 2**20:.0f} MiB  server: mean {srv['mean_ms']} ms, p99 <= {srv['p99_le_ms']} ms"
+          f"  second half: p50 {row['second_half']['p50_ms']} p99 {row['second_half']['p99_ms']} ms",
+          file=sys.stderr, flush=True)
     return row
+
+
+def server_side(before: dict, after: dict) -> dict:
+    """The phase as the server saw it, from the differences of its histograms: per histogram the mean and the
+    bucket bounds that hold 50% and 99% of the observations (upper bounds: the histogram's resolution).
+    Compared with the clients' own latencies it tells a tail in the server from one in the clients or HTTP."""
+    out = {}
+    for key in ("request", "queue"):
+        a, b = after.get(key) or {}, before.get(key) or {}
+        n = a.get("count", 0) - b.get("count", 0)
+        row = {"count": int(n), "mean_ms": round(1000 * (a.get("sum", 0) - b.get("sum", 0)) / n, 1) if n else None}
+        cum = sorted((le, c - b.get("buckets", {}).get(le, 0)) for le, c in a.get("buckets", {}).items())
+        for q, field in ((0.5, "p50_le_ms"), (0.99, "p99_le_ms")):
+            bound = next((le for le, c in cum if n and c >= q * n), None)
+            row[field] = None if bound is None else (round(1000 * bound) if bound != float("inf") else "inf")
+        out[key] = row
+    return out
 
 
 # ------------------------------------------------------------------------------------------ main

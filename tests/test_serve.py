@@ -415,6 +415,11 @@ def test_serve_benchmark_end_to_end(small_index_dir, small_questions, tmp_path):
         rows = res["modes"][mode]["rows"]
         assert [r["clients"] for r in rows] == [1, 2] and res["modes"][mode]["exit_code"] == 0
         assert all(r["ok"] > 0 and set(r["statuses"]) == {"200"} and r["p99_ms"] >= r["p50_ms"] for r in rows)
+        assert all(0 < r["second_half"]["ok"] < r["ok"] for r in rows)
+        for r in rows:  # the server's own histograms saw each answered search and its queue wait
+            srv = r["server"]
+            assert srv["request"]["count"] == r["ok"] and srv["queue"]["count"] >= r["ok"]
+            assert 0 < srv["request"]["mean_ms"] <= r["mean_ms"] and srv["request"]["p99_le_ms"] >= srv["request"]["p50_le_ms"]
     assert all(r["mean_batch_size"] == 1.0 for r in res["modes"]["no_batching"]["rows"])
     assert res["overload"]["only_200_and_429"] and res["overload"]["recovered"]
     assert "429" in res["overload"]["overload"]["statuses"]  # 12 clients against --max-concurrent 2
