@@ -7,7 +7,8 @@ For each server configuration (dynamic batching: --max-batch-size 64; batching o
 the script starts `linearrag serve` as a child process on a free port, waits for /health, warms it up,
 then for each concurrency C runs C clients, each sending one question per request and the next as soon
 as the answer arrives, for --duration seconds (or --max-requests in all): throughput, latency
-percentiles (of the whole phase, and of the requests sent in its second half, after the onset of the load),
+percentiles (of the whole phase, and of the requests sent in its second half, after the onset of the load;
+the clients run in one process per 32 of them, --client-processes),
 responses by status, mean batch size (from /metrics), the server's own view of the phase (its request and
 queue-wait histograms: mean and the bucket bounds of p50 / p99) and the server's RSS.
 Then, on the batching server, an overload phase: --overload-clients clients against
@@ -42,6 +43,7 @@ from linearrag_torch.corpus import read_questions
 from linearrag_torch.memory import status_bytes
 
 DEFAULT_CONCURRENCY = (1, 8, 32, 128)
+CLIENTS_PER_PROCESS = 32  # a client process holds at most this many connections by default (benchmarks/README.md)
 MODES = {"batching": {"max_batch_size": 64, "max_wait_ms": 0.0}, "no_batching": {"max_batch_size": 1, "max_wait_ms": 0.0}}
 
 
@@ -124,8 +126,9 @@ class Server:
 
 # ------------------------------------------------------------------------------------------ the clients
 async def closed_loop(url: str, questions: list[str], clients: int, duration: float, max_requests: int,
-                      timeout: float, seed: int = 0) -> dict:
-    """``clients`` concurrent clients, each sending its next request when the last one is answered."""
+                      timeout: float, seed: int = 0, raw: bool = False) -> dict:
+    """``clients`` concurrent clients, each sending its next request when the last one is answered. ``raw``: the
+    result also holds the latencies themselves ("latencies_s", "second_half_s"), to merge several processes'."""
     rng = random.Random(seed)
     order = list(range(len(questions)))
     rng.shuffle(order)
@@ -160,10 +163,54 @@ async def closed_loop(url: str, questions: list[str], clients: int, duration: fl
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
         await asyncio.gather(*(client(i, http) for i in range(clients)))
     wall = time.perf_counter() - t0
-    return {"clients": clients, "seconds": round(wall, 3), "requests": sum(statuses.values()),
+    row = {"clients": clients, "seconds": round(wall, 3), "requests": sum(statuses.values()),
+           "ok": len(latencies), "statuses": dict(statuses),
+           "throughput_qps": round(len(latencies) / wall, 2) if wall else None, **percentiles(latencies),
+           "second_half": {"ok": len(late), **percentiles(late)}}
+    if raw:
+        row.update(latencies_s=latencies, second_half_s=late)
+    return row
+
+
+def _one_process(job: tuple) -> dict:
+    """A client process's share of a phase: waits for the common start time, then closed_loop (raw)."""
+    start_at, url, questions, clients, duration, max_requests, timeout, seed = job
+    time.sleep(max(0.0, start_at - time.time()))
+    return asyncio.run(closed_loop(url, questions, clients, duration, max_requests, timeout, seed, raw=True))
+
+
+def load(url: str, questions: list[str], clients: int, duration: float, max_requests: int, timeout: float,
+         processes: int = 1) -> dict:
+    """closed_loop's row for ``clients`` clients spread over ``processes`` client processes (forked, started
+    together; one process's event loop serving hundreds of connections on a small machine was the bottleneck
+    and the tail of the measurement, not the server: benchmarks/README.md). Latencies are merged."""
+    processes = max(1, min(processes, clients))
+    if processes == 1:
+        return asyncio.run(closed_loop(url, questions, clients, duration, max_requests, timeout))
+    import multiprocessing
+
+    shares = [clients // processes + (1 if i < clients % processes else 0) for i in range(processes)]
+    start_at = time.time() + 1.0
+    jobs = [(start_at, url, questions, n, duration, max(1, max_requests // processes), timeout, i)
+            for i, n in enumerate(shares)]
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    with ctx.Pool(processes) as pool:
+        parts = pool.map(_one_process, jobs)
+    latencies = [x for p in parts for x in p["latencies_s"]]
+    late = [x for p in parts for x in p["second_half_s"]]
+    statuses = Counter()
+    for p in parts:
+        statuses.update(p["statuses"])
+    wall = max(p["seconds"] for p in parts)
+    return {"clients": clients, "client_processes": processes, "seconds": wall, "requests": sum(statuses.values()),
             "ok": len(latencies), "statuses": dict(statuses),
             "throughput_qps": round(len(latencies) / wall, 2) if wall else None, **percentiles(latencies),
             "second_half": {"ok": len(late), **percentiles(late)}}
+
+
+def client_processes(clients: int, setting: int) -> int:
+    """--client-processes: as given, or (0) one process per 32 clients, at most 8."""
+    return setting if setting > 0 else max(1, min(8, -(-clients // CLIENTS_PER_PROCESS)))
 
 
 def percentiles(latencies: list[float]) -> dict:
@@ -179,7 +226,8 @@ def percentiles(latencies: list[float]) -> dict:
 
 def phase(server: Server, name: str, questions, clients, args) -> dict:
     before = server.metrics()
-    row = asyncio.run(closed_loop(server.url, questions, clients, args.duration, args.max_requests, args.timeout))
+    row = load(server.url, questions, clients, args.duration, args.max_requests, args.timeout,
+               client_processes(clients, args.client_processes))
     after = server.metrics()
     calls = after.get("count", 0) - before.get("count", 0)
     row.update(phase=name, engine_calls=int(calls),
@@ -297,6 +345,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", help="server device (default %(default)s)")
     ap.add_argument("--limit", type=int, help="use only the first N questions")
     ap.add_argument("--server-log", type=Path, help="append the servers' output to this file")
+    ap.add_argument("--client-processes", type=int, default=0,
+                    help="client processes per phase (default 0: one per 32 clients, at most 8)")
     ap.add_argument("--server-args", default="", help='more `linearrag serve` flags for both servers, e.g. "--threads 1"')
     args = ap.parse_args(argv)
     if args.overload_clients <= max(args.concurrency):

@@ -408,7 +408,8 @@ def test_serve_benchmark_end_to_end(small_index_dir, small_questions, tmp_path):
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-m", "benchmarks.serve", "--index", str(small_index_dir), "--questions",
                            str(qfile), "--json", str(out), "--concurrency", "1", "2", "--duration", "1",
-                           "--overload-clients", "12"], cwd=root, capture_output=True, text=True, timeout=400)
+                           "--overload-clients", "12", "--client-processes", "2"], cwd=root, capture_output=True,
+                          text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads(out.read_text())
     for mode in ("batching", "no_batching"):
@@ -416,6 +417,7 @@ def test_serve_benchmark_end_to_end(small_index_dir, small_questions, tmp_path):
         assert [r["clients"] for r in rows] == [1, 2] and res["modes"][mode]["exit_code"] == 0
         assert all(r["ok"] > 0 and set(r["statuses"]) == {"200"} and r["p99_ms"] >= r["p50_ms"] for r in rows)
         assert all(0 < r["second_half"]["ok"] < r["ok"] for r in rows)
+        assert [r.get("client_processes", 1) for r in rows] == [1, 2]  # 1 client: one process
         for r in rows:  # the server's own histograms saw each answered search and its queue wait
             srv = r["server"]
             assert srv["request"]["count"] == r["ok"] and srv["queue"]["count"] >= r["ok"]
