@@ -50,8 +50,20 @@ def running_engine_replicas() -> int:
 
 
 @pytest.fixture(scope="module")
-def ray_url(small_index_dir):
-    """The application on a local Ray: (base URL, settings)."""
+def chat():
+    """A scripted OpenAI-compatible chat server on 127.0.0.1 for /v1/answer (every reply: "Answer: Paris")."""
+    from scripted_servers import ScriptedChatServer, running
+
+    server = ScriptedChatServer(lambda body: ("reply", "The passages say so.\nAnswer: Paris"))
+    with running(server):
+        yield server
+
+
+@pytest.fixture(scope="module")
+def ray_url(small_index_dir, chat, tmp_path_factory):
+    """The application on a local Ray: (base URL, settings); its ingress answers /v1/answer with ``chat``."""
+    import functools
+
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
              runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}})
     try:
@@ -61,7 +73,14 @@ def ray_url(small_index_dir):
         settings = ServeSettings(max_concurrent=MAX_CONCURRENT, max_batch_size=8, timeout=TIMEOUT,
                                  threads=torch.get_num_threads())
         ray_settings = RaySettings(ray=True, replicas=REPLICAS, max_queued=MAX_QUEUED)
-        serve.run(build_app(small_index_dir, settings, ray_settings), name=ray_app.APP_NAME, route_prefix="/")
+        llm_factory = None
+        if _has("openai"):
+            from linearrag_torch.generation import LLM
+
+            cache = tmp_path_factory.mktemp("llm") / "cache.sqlite"
+            llm_factory = functools.partial(LLM, chat.base_url, "scripted-model", "chat-key", cache=cache, max_retries=0)
+        serve.run(build_app(small_index_dir, settings, ray_settings, llm_factory), name=ray_app.APP_NAME,
+                  route_prefix="/")
         url = f"http://127.0.0.1:{port}"
         assert httpx.get(url + "/health", timeout=TIMEOUT).status_code == 200
         yield url, settings
@@ -70,6 +89,14 @@ def ray_url(small_index_dir):
             serve.shutdown()
         finally:
             ray.shutdown()
+
+
+def _has(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +175,33 @@ def test_results_equal_single_process_server(ray_url, disk_rag, small_questions)
     # every engine call's statistics reached the ingress's /metrics: the questions answered, counted once
     sent = len(qs) + 1 + 3 + 2 * len(qs)
     assert metric(url, "linearrag_questions_total") - questions_before == sent
+
+
+def test_answer_route_through_ray(ray_url, chat, small_questions):
+    """/v1/answer on the Ray application: the ingress asks the engine replicas for the hits (those of /v1/search)
+    and the chat model for the answers; a failing chat endpoint is a 502 naming it."""
+    pytest.importorskip("openai")
+    import json
+
+    url, _ = ray_url
+    qs = [q["question"] for q in small_questions[:2]]
+    r = httpx.post(url + "/v1/answer", json={"questions": qs, "top_k": 3}, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    res = r.json()["results"]
+    assert [a["question"] for a in res] == qs and all(a["answer"] == "Paris" and a["marker_found"] for a in res)
+    hits = httpx.post(url + "/v1/search", json={"questions": qs, "top_k": 3}, timeout=TIMEOUT).json()["results"]
+    assert [[(p["id"], p["title"]) for p in a["passages"]] for a in res] == \
+        [[(h["id"], h["title"]) for h in q["hits"]] for q in hits]
+    prompts = [json.dumps(c["body"]["messages"]) for c in chat.chat_requests]
+    for q, found in zip(qs, hits):  # each prompt holds its question's passages
+        prompt = next(p for p in prompts if json.dumps(q)[1:-1] in p)
+        assert all(json.dumps(h["title"])[1:-1] in prompt for h in found["hits"])
+    assert httpx.get(url + "/info", timeout=TIMEOUT).json()["llm"] == {"base_url": chat.base_url,
+                                                                        "model": "scripted-model"}
+    chat.script.append(("status", 401))
+    r = httpx.post(url + "/v1/answer", json={"question": "Who founded the company, according to the records?"},
+                   timeout=TIMEOUT)
+    assert r.status_code == 502 and chat.base_url in r.text and "401" in r.text
 
 
 def test_same_validation_and_routes(ray_url):
