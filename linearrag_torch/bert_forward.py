@@ -81,15 +81,19 @@ class BertForward:
         x = _norm(x + self.position[:T], self.embed_norm)
         # key padding mask, broadcast over heads and query rows (None when nothing is padded, as BertModel)
         mask = None if bool(attention_mask.all()) else attention_mask[:, None, None, :].bool()
+        return self._layers(x, mask, autocast, lambda y: y.view(B, T, self.heads, -1).transpose(1, 2),
+                            lambda ctx: ctx.transpose(1, 2).reshape(B, T, -1))
+
+    def _layers(self, x: torch.Tensor, mask, autocast, to_heads, from_heads) -> torch.Tensor:
+        """The transformer layers on the token states ``x``: ``to_heads`` turns a query, key or value projection
+        into [B, heads, T, H / heads] for attention, ``from_heads`` the attention's output back into x's layout."""
         for (q_, k_, v_, out, ffn_in, ffn_out), (_, scale, out_norm, ffn_norm) in zip(self._linears(autocast), self.layers):
-            q, k, v = (F.linear(x, w, b).view(B, T, self.heads, -1).transpose(1, 2) for w, b in (q_, k_, v_))
-            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-            ctx = ctx.transpose(1, 2).reshape(B, T, -1)
+            q, k, v = (to_heads(F.linear(x, w, b)) for w, b in (q_, k_, v_))
+            ctx = from_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale))
             x = _norm(F.linear(ctx, *out) + x, out_norm)
             h = F.gelu(F.linear(x, *ffn_in))
             x = _norm(F.linear(h, *ffn_out) + x, ffn_norm)
         return x
-
 
     def packed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                autocast: torch.dtype | None = None) -> torch.Tensor:
@@ -113,13 +117,7 @@ class BertForward:
             out[slot] = y
             return out.view(B, T, self.heads, -1).transpose(1, 2)
 
-        for (q_, k_, v_, out, ffn_in, ffn_out), (_, scale, out_norm, ffn_norm) in zip(self._linears(autocast), self.layers):
-            q, k, v = (padded(F.linear(x, w, b)) for w, b in (q_, k_, v_))
-            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-            ctx = ctx.transpose(1, 2).reshape(B * T, -1)[slot]
-            x = _norm(F.linear(ctx, *out) + x, out_norm)
-            h = F.gelu(F.linear(x, *ffn_in))
-            x = _norm(F.linear(h, *ffn_out) + x, ffn_norm)
+        x = self._layers(x, mask, autocast, padded, lambda ctx: ctx.transpose(1, 2).reshape(B * T, -1)[slot])
         hidden = x.new_zeros(B * T, x.shape[1])
         hidden[slot] = x
         return hidden.view(B, T, -1)
