@@ -488,3 +488,29 @@ def test_bad_server_settings_are_refused():
         ServeSettings(max_batch_size=0)
     with pytest.raises(ValueError, match="timeout"):
         ServeSettings(timeout=0)
+
+
+def test_torch_work_stays_on_the_engine_thread(small_index_dir, tmp_path, monkeypatch):
+    """The first load runs on the engine thread (torch's OpenMP threads belong to the thread that runs an
+    operation; a second thread's parallel work slows the engine's down for good), and a reload's load, beside
+    the engine, with one torch thread, the count restored afterwards."""
+    import torch
+
+    folder = copy_index(small_index_dir, tmp_path / "index")
+    seen = []
+    real = LinearRAGService._load_rag
+
+    def load(self, like):
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return real(self, like)
+
+    monkeypatch.setattr(LinearRAGService, "_load_rag", load)
+    threads = torch.get_num_threads()
+    service = LinearRAGService(folder, ServeSettings())
+    with running(create_app(service)) as url:
+        wait_ready(url)
+        assert seen == [(service.batcher._executor._thread_name_prefix + "_0", threads)]
+        r = httpx.post(url + "/admin/reload", timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        assert len(seen) == 2 and not seen[1][0].startswith("linearrag-engine") and seen[1][1] == 1
+        assert torch.get_num_threads() == threads
