@@ -19,6 +19,7 @@ def test_gpu_check_smoke_mode_on_cpu(tmp_path):
     q = res["sections"]["questions"]["result"]  # the whole question path on a real (tiny) index
     assert [r["batch"] for r in q["rows"]] == [1, 4] and all(r["questions_per_s"] > 0 for r in q["rows"])
     assert q["top_k_same_as_cpu"] == q["compared"] > 0
+    assert q["passages_per_s"] > 0 and {"ner", "embed_passages", "embed_entities"} <= set(q["build_stages_s"])
     assert {r["batch"] for r in res["sections"]["timing"]["result"]} == {1, 8}
     kernel_ops = {r["op"] for r in res["sections"]["kernels"]["result"]}
     assert {"ppr_step", "personalized_pagerank", "top-k passages", "reference activation"} <= kernel_ops
