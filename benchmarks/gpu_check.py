@@ -147,11 +147,10 @@ def question_path(device, corpus, questions_file, max_passages, batches, log) ->
     """Section 5: index ``corpus`` with the device's encoder, then time rag.search end to end and by stage
     (wall time, synchronised) at each batch size; top-k of the device against the CPU on that index."""
     from linearrag_torch import LinearRAG
-    from linearrag_torch.corpus import read_corpus, read_questions
-    from linearrag_torch.pipeline import StageTimings
-
     from linearrag_torch.build import build_index
     from linearrag_torch.config import IndexConfig
+    from linearrag_torch.corpus import read_corpus, read_questions
+    from linearrag_torch.pipeline import StageTimings
 
     passages = read_corpus(corpus)[:max_passages] if max_passages else read_corpus(corpus)
     qs = [q["question"] for q in read_questions(questions_file)]

@@ -162,11 +162,7 @@ async def closed_loop(url: str, questions: list[str], clients: int, duration: fl
     t0 = time.perf_counter()
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
         await asyncio.gather(*(client(i, http) for i in range(clients)))
-    wall = time.perf_counter() - t0
-    row = {"clients": clients, "seconds": round(wall, 3), "requests": sum(statuses.values()),
-           "ok": len(latencies), "statuses": dict(statuses),
-           "throughput_qps": round(len(latencies) / wall, 2) if wall else None, **percentiles(latencies),
-           "second_half": {"ok": len(late), **percentiles(late)}}
+    row = _row(clients, time.perf_counter() - t0, statuses, latencies, late)
     if raw:
         row.update(latencies_s=latencies, second_half_s=late)
     return row
@@ -201,8 +197,13 @@ def load(url: str, questions: list[str], clients: int, duration: float, max_requ
     statuses = Counter()
     for p in parts:
         statuses.update(p["statuses"])
-    wall = max(p["seconds"] for p in parts)
-    return {"clients": clients, "client_processes": processes, "seconds": wall, "requests": sum(statuses.values()),
+    return {**_row(clients, max(p["seconds"] for p in parts), statuses, latencies, late), "client_processes": processes}
+
+
+def _row(clients: int, wall: float, statuses: Counter, latencies: list, late: list) -> dict:
+    """A phase's clients' figures: responses by status, throughput of the 200s, their latency percentiles over
+    the phase and over its second half."""
+    return {"clients": clients, "seconds": round(wall, 3), "requests": sum(statuses.values()),
             "ok": len(latencies), "statuses": dict(statuses),
             "throughput_qps": round(len(latencies) / wall, 2) if wall else None, **percentiles(latencies),
             "second_half": {"ok": len(late), **percentiles(late)}}
