@@ -65,6 +65,8 @@ SYSTEMS = {
     "no_chain_prior": ("graph", {"mode": "reference", "chain_prior_floor": -1.0, "chain_bridge_prior": False}, {}),
     "chain_floor_only": ("graph", {"mode": "reference", "chain_bridge_prior": False}, {}),
     "chain_bridge_only": ("graph", {"mode": "reference", "chain_prior_floor": -1.0}, {}),
+    "no_pairs": ("graph", {"mode": "reference", "pair_candidates": 0}, {}),
+    "pairs_no_link": ("graph", {"mode": "reference", "pair_link_weight": 0.0}, {}),
 }
 
 SYSTEM_HELP = {
@@ -88,6 +90,8 @@ SYSTEM_HELP = {
                       "no bridge-sentence cosines): the default before it",
     "chain_floor_only": "reference, later rounds' cosines floored at chain_prior_floor, no bridge-sentence cosines",
     "chain_bridge_only": "reference, later rounds' bridge-sentence cosines, no floor",
+    "no_pairs": "reference without the pair rerank of the first two places (pair_candidates=0)",
+    "pairs_no_link": "reference, the pair rerank without its shared-entity bonus (pair_link_weight=0)",
 }
 
 

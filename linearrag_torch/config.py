@@ -29,7 +29,8 @@ class RetrievalConfig:
     Defaults: the reference code's 2WikiMultiHopQA values, except three settings chosen on the
     2wiki and hotpotqa_train100 dev questions (docs/QUALITY.md): ``lam`` 1.0 (reference 0.05),
     ``damping`` 0.7 (0.5) and ``lexicon_seeds`` on, and a second round (``chain_passages`` 2, chosen on
-    those two and musique_dev200). ``RetrievalConfig.reference_code()`` gives the reference code's
+    those two and musique_dev200), with its later rounds' prior, and the pair rerank of the first two
+    places (``pair_candidates`` 5), chosen on all three. ``RetrievalConfig.reference_code()`` gives the reference code's
     settings exactly (pair it with an index built with title_entities=False).
     """
 
@@ -61,11 +62,16 @@ class RetrievalConfig:
                                        "prior, so unrelated passages do not stretch its min-max scale (-1: off)")
     chain_bridge_prior: bool = _f(True, "later rounds: a passage's cosine in eq. 7 is at least that of its most "
                                         "question-like sentence mentioning a chain seed (its title line aside)")
+    # the first two places go to the best pair of the top passages (pairs.py; docs/QUALITY.md)
+    pair_candidates: int = _f(5, "the first two places go to the best pair among this many top passages (0: off)")
+    pair_rank_weight: float = _f(0.1, "pair score: weight of the two passages' scores (each a share of the top one)")
+    pair_link_weight: float = _f(0.1, "pair score: bonus when the two passages share a rare entity")
+    pair_link_max_passages: int = _f(50, "an entity links a pair when it occurs in at most this many passages")
 
     @classmethod
     def reference_code(cls, **changes) -> "RetrievalConfig":
         """The reference code's settings for 2WikiMultiHopQA / HotpotQA (docs/METHOD.md, "The reference code's settings")."""
-        return cls(lam=0.05, damping=0.5, lexicon_seeds=False, chain_passages=0).replace(**changes)
+        return cls(lam=0.05, damping=0.5, lexicon_seeds=False, chain_passages=0, pair_candidates=0).replace(**changes)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -87,6 +93,10 @@ class RetrievalConfig:
                 or self.chain_rounds < 1 or self.chain_passage_weight < 0:
             raise ValueError("chain_passages, chain_keep, chain_weight and chain_passage_weight must be >= 0, "
                              "chain_sentences and chain_rounds >= 1")
+        if self.pair_candidates < 0 or self.pair_rank_weight < 0 or self.pair_link_weight < 0 \
+                or self.pair_link_max_passages < 1:
+            raise ValueError("pair_candidates, pair_rank_weight and pair_link_weight must be >= 0, "
+                             "pair_link_max_passages >= 1")
         if not -1.0 <= self.chain_prior_floor <= 1.0:
             raise ValueError(f"chain_prior_floor must be in [-1, 1] (a cosine), got {self.chain_prior_floor}")
 

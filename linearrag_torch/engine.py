@@ -108,6 +108,7 @@ class DeviceGraph:
         self.entity_emb = query_embeddings(index.entity_emb, self.device, upcast)
         self._ppr = {}
         self.nearest = NearestMemo()  # eq. 3's scan (keeping_last: a chain's later round repeats it)
+        self._pair_C = None  # (C crow, C col, {max passages: linking entities}) for pairs.rerank
         self._last_cosines = None  # (questions, their passage cosines): see passage_cosines
         self._keep = False
 
@@ -159,6 +160,28 @@ class DeviceGraph:
         if adjacent_passages not in self._ppr:
             self._ppr[adjacent_passages] = PPRGraph.build(self.index.C, adjacent_passages, self.device)
         return self._ppr[adjacent_passages]
+
+    def pair_rerank(self, queries: EncodedQueries, out: Retrieved, cfg: RetrievalConfig) -> Retrieved:
+        """pairs.rerank of ``out`` for these questions (C's structure kept on the device on first use)."""
+        from . import pairs
+
+        N = min(cfg.pair_candidates, out.indices.shape[1])
+        if N < 2:
+            return out
+        if self._pair_C is None:
+            C = self.index.C
+            self._pair_C = (C.crow.to(self.device), C.col.to(self.device), {})
+        crow, col, linking = self._pair_C
+        if cfg.pair_link_max_passages not in linking:
+            linking[cfg.pair_link_max_passages] = pairs.link_entities(crow, col, self.entity_emb.shape[0],
+                                                                       cfg.pair_link_max_passages)
+        idx = out.indices.to(self.device)
+        cand = idx[:, :N]
+        link = pairs.linked(*pairs.candidate_entities(crow, col, linking[cfg.pair_link_max_passages], cand),
+                            cand.shape[0], N)
+        vecs = self.passage_emb[cand.clamp(min=0)]
+        return pairs.rerank(Retrieved(idx, out.scores.to(self.device)), queries.query_emb, vecs, link,
+                            pairs.has_entities(queries), cfg)
 
     def bytes_per_question(self, cfg: RetrievalConfig | None = None) -> int:
         """Working memory of one question of a batch, in bytes (an estimate with margin)."""
@@ -226,10 +249,17 @@ def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, 
     """Rank passages for a batch of encoded questions. Returns Retrieved (and a Trace if asked).
 
     The batch runs in chunks of graph.questions_per_chunk(memory_budget, cfg) questions.
-    With cfg.chain_passages > 0 in reference mode, 1 + cfg.chain_rounds rounds (chain.py).
+    With cfg.chain_passages > 0 in reference mode, 1 + cfg.chain_rounds rounds (chain.py); with
+    cfg.pair_candidates >= 2 in reference mode, the first two places hold the best pair (pairs.py).
     """
+    from . import pairs
     from .chain import chain_retrieve, enabled as chain_enabled
 
+    if pairs.enabled(cfg):
+        res = retrieve(graph, queries, pairs.deeper(cfg), trace, memory_budget)
+        out, tr = res if trace else (res, None)
+        out = pairs.cut(graph.pair_rerank(queries, out, cfg), cfg.top_k)
+        return (out, tr) if trace else out
     if chain_enabled(cfg):
         # the rounds of a batch that runs in one chunk share its passage cosines and eq. 3's scan (kept only
         # for the chain: a kept [P, B] product would add to a chunked batch's memory budget)

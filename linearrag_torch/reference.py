@@ -195,9 +195,14 @@ def retrieve(index: TriGraphIndex, queries: EncodedQueries, config: RetrievalCon
              prepared: dict | None = None) -> Retrieved:
     """Returns Retrieved(indices, scores) as torch tensors (int64 [B,k], float32 [B,k]) computed with
     numpy/scipy, k = min(config.top_k, P). ``prepared``: prepare(index, config), if already made.
-    With config.chain_passages > 0 in reference mode, 1 + config.chain_rounds rounds (chain.py)."""
+    With config.chain_passages > 0 in reference mode, 1 + config.chain_rounds rounds (chain.py); with
+    config.pair_candidates >= 2 in reference mode, the first two places hold the best pair (pair_rerank)."""
+    from . import pairs
     from .chain import chain_retrieve, enabled as chain_enabled
 
+    if pairs.enabled(config):
+        out = retrieve(index, queries, pairs.deeper(config), prepared)
+        return pairs.cut(pair_rerank(index, queries, out, config), config.top_k)
     if chain_enabled(config):
         if prepared is None or prepared["adjacent_passages"] != config.adjacent_passages:
             prepared = prepare(index, config)
@@ -246,3 +251,43 @@ def retrieve(index: TriGraphIndex, queries: EncodedQueries, config: RetrievalCon
         else:
             indices[b], scores[b] = _rank(x[:P], k)
     return Retrieved(torch.from_numpy(indices), torch.from_numpy(scores.astype(np.float32)))
+
+
+def pair_rerank(index: TriGraphIndex, queries: EncodedQueries, out: Retrieved, config: RetrievalConfig) -> Retrieved:
+    """pairs.py's rerank, one question at a time: among the first N = pair_candidates passages, the pair
+    (i < j) of largest cos(q, v_i + v_j) + pair_rank_weight * (s_i + s_j) + pair_link_weight * [the two
+    share an entity found in at most pair_link_max_passages passages], the first such pair on ties, takes
+    the first two places; the rest keep their order. Only for questions with an entity and a positive top
+    score."""
+    import itertools
+
+    idx, scores = out.indices.numpy().copy(), out.scores.numpy().copy()
+    N = min(config.pair_candidates, idx.shape[1])
+    if N < 2:
+        return out
+    C = index.C
+    crow, col = C.crow.numpy(), C.col.numpy()
+    df = np.bincount(col, minlength=index.num_entities)
+    emb = _f64(index.passage_emb)
+    with_entities = set(queries.entity_owner.cpu().tolist())
+    for b in range(idx.shape[0]):
+        cand = [int(p) for p in idx[b, :N]]
+        top = float(scores[b, 0])
+        if b not in with_entities or not top > 0 or sum(p >= 0 for p in cand) < 2:
+            continue
+        q = _f64(queries.query_emb[b])
+        rare = [{int(e) for e in col[crow[p]:crow[p + 1]] if df[e] <= config.pair_link_max_passages} if p >= 0 else set()
+                for p in cand]
+        best, pair = -np.inf, None
+        for i, j in itertools.combinations(range(N), 2):
+            if cand[i] < 0 or cand[j] < 0:
+                continue
+            v = emb[cand[i]] + emb[cand[j]]
+            value = float(v @ q) / max(float(np.linalg.norm(v)), 1e-12) \
+                + config.pair_rank_weight * (float(scores[b, i]) + float(scores[b, j])) / top \
+                + config.pair_link_weight * float(bool(rare[i] & rare[j]))
+            if value > best:
+                best, pair = value, (i, j)
+        order = list(pair) + [c for c in range(idx.shape[1]) if c not in pair]
+        idx[b], scores[b] = idx[b, order], scores[b, order]
+    return Retrieved(torch.from_numpy(idx), torch.from_numpy(scores))

@@ -18,6 +18,8 @@ float summation order, ~1e-7). docs/METHOD.md, "Sharded retrieval", derives each
     top-k             all-gather of each rank's local top k, merged best first, ties to the lower passage
     chain round       the owner of a source passage computes its chain seeds; all-gather and max
                       per entity; the seed vectors come from the entities' owners (all-reduce)
+    pair rerank       all-reduce of the top pair_candidates passages' vectors [B, N, D] (zeros where not
+                      held); all-gather of the (question, slot, entity) links of the candidates each rank holds
 
 Use: ``Shard.build(index, rank, world)`` then ``ShardedEngine(shard, Comm()).retrieve(queries, cfg)``
 inside an initialised process group (``Comm(None)`` for one process without torch.distributed).
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import kernels
+from . import kernels, pairs
 from .activation import ActivePairs, nearest_entities
 from .chain import enabled as chain_enabled, merge as chain_merge
 from .config import RetrievalConfig
@@ -196,6 +198,8 @@ class Shard:
     dangling_passages: torch.Tensor  # local passage rows of strength 0
     dangling_walk: torch.Tensor  # walk rows of strength 0 (private only)
     dim: int = 0
+    walk_entities: torch.Tensor | None = None  # [n_priv + n_sh] global id of each walk column (pairs.py's links)
+    walk_df: torch.Tensor | None = None  # [n_priv + n_sh] passages of the whole index holding that entity
     _mt: dict = field(default_factory=dict, repr=False)
 
     @staticmethod
@@ -255,6 +259,7 @@ class Shard:
         walk_shared = torch.nonzero(shared).flatten()
         walk_private_g = torch.nonzero(private).flatten()
         n_priv = walk_private_g.numel()
+        walk_ids = torch.cat([walk_private_g, walk_shared])
         walk_row = torch.full((E,), -1, dtype=torch.int64)
         walk_row[walk_private_g] = torch.arange(n_priv)
         walk_row[walk_shared] = n_priv + torch.arange(walk_shared.numel())
@@ -292,6 +297,7 @@ class Shard:
             to_passages=to_p.to(dev), to_entities=to_e.to(dev),
             dangling_passages=torch.nonzero(strength_p[lo:hi] == 0).flatten().to(dev),
             dangling_walk=dangling_walk.to(dev), dim=int(index.passage_emb.shape[1]),
+            walk_entities=walk_ids.to(dev), walk_df=torch.bincount(C.col, minlength=E).index_select(0, walk_ids).to(dev),
         )
 
     @property
@@ -366,9 +372,35 @@ class ShardedEngine:
             raise ValueError("adjacent_passages is not supported by the sharded engine (it links passages "
                              "across shard boundaries); query the index in one process")
         queries = self._stored_vectors(queries.to(self.shard.device))
+        if pairs.enabled(cfg):
+            out = self._chain(queries, pairs.deeper(cfg)) if chain_enabled(cfg) else self._one_round(queries, pairs.deeper(cfg))
+            return pairs.cut(self._pairs(queries, out, cfg), cfg.top_k)
         if chain_enabled(cfg):
             return self._chain(queries, cfg)
         return self._one_round(queries, cfg)
+
+    def _pairs(self, queries: EncodedQueries, out: Retrieved, cfg: RetrievalConfig) -> Retrieved:
+        """pairs.rerank: the candidates' vectors from their ranks (all-reduce of [B, N, D], zeros elsewhere) and
+        the linking entities of the candidates each rank holds (all-gather of (question, slot, entity))."""
+        sh = self.shard
+        N = min(cfg.pair_candidates, out.indices.shape[1])
+        if N < 2:
+            return out
+        dev = sh.device
+        idx = out.indices.to(dev)
+        cand = idx[:, :N]
+        mine = (cand >= sh.lo) & (cand < sh.hi)
+        vec = torch.zeros((*cand.shape, sh.dim), dtype=torch.float32, device=dev)
+        vec[mine] = sh.passage_emb[cand[mine] - sh.lo].float()
+        self.comm.phase = "pairs"
+        self.comm.all_reduce(vec)
+        linking = (sh.walk_df >= 1) & (sh.walk_df <= cfg.pair_link_max_passages)
+        tp = sh.to_passages
+        q, slot, col = pairs.candidate_entities(tp.crow, tp.col, linking, torch.where(mine, cand - sh.lo, -1))
+        triples = self.comm.all_gather_rows(torch.stack([q, slot, sh.walk_entities[col]], 1))
+        link = pairs.linked(triples[:, 0], triples[:, 1], triples[:, 2], cand.shape[0], N)
+        return pairs.rerank(Retrieved(idx, out.scores.to(dev)), queries.query_emb, vec, link,
+                            pairs.has_entities(queries), cfg)
 
     def _stored_vectors(self, queries: EncodedQueries) -> EncodedQueries:
         """The question entities with a stored-vector row get that entity's vector from its owner (the

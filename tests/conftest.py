@@ -111,3 +111,11 @@ def small_rag(small_corpus, nlp, encoder):
 @pytest.fixture(scope="session")
 def small_index_dir(small_rag, tmp_path_factory):
     return small_rag.save(tmp_path_factory.mktemp("small_index") / "index")
+
+
+def assert_pair_moved(got: list, plain: list, candidates: int = 5) -> None:
+    """``got`` is ``plain`` (a ranking without the pair rerank, pairs.py) with two of its first ``candidates``
+    passages moved to the front in their ranked order and the rest in their order (same length)."""
+    front = list(got[:2])
+    assert set(front) <= set(plain[:candidates]) and sorted(front, key=plain.index) == front, (got, plain)
+    assert list(got[2:]) == [x for x in plain if x not in front][:len(got) - 2], (got, plain)

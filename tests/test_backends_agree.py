@@ -35,6 +35,9 @@ configs = st.builds(
     use_ppr=st.booleans(),
     ppr_tol=st.just(1e-6),
     ppr_max_iter=st.just(500),
+    pair_candidates=st.integers(0, 6),
+    pair_link_weight=st.floats(0.0, 1.0),
+    pair_link_max_passages=st.integers(1, 10),
 )
 
 

@@ -125,7 +125,7 @@ def test_title_line_is_not_a_chain_sentence():
 def test_rounds_agree_across_backends_and_keep_each_rounds_top(rounds):
     index = random_index(150, 160, dim=12, seed=7)
     queries = random_queries(index, 5, seed=8)
-    cfg = RetrievalConfig(delta=0.2, top_k=6, chain_passages=1, chain_rounds=rounds)
+    cfg = RetrievalConfig(delta=0.2, top_k=6, chain_passages=1, chain_rounds=rounds, pair_candidates=0)  # (test_pairs.py)
     got = retrieve(DeviceGraph(index), queries, cfg)
     assert_same(got, reference.retrieve(index, queries, cfg))
     first = retrieve(DeviceGraph(index), queries, cfg.replace(chain_passages=0))

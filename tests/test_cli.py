@@ -17,7 +17,7 @@ from linearrag_torch import LinearRAG, api
 from linearrag_torch.cli import main
 from linearrag_torch.config import IndexConfig
 
-from conftest import demo_corpus, demo_questions, write_jsonl
+from conftest import assert_pair_moved, demo_corpus, demo_questions, write_jsonl
 
 TINY_IDS = (469, 467, 368, 369, 1, 33, 98, 557, 561, 715)  # gold passages of demo questions 0, 17 and 7
 Q_THUNDER, Q_BORN_FIRST = demo_questions()[0], demo_questions()[17]
@@ -119,6 +119,7 @@ def test_query_json_prints_one_object_per_question(tiny_index, tiny_passages, ca
     titles = {p["id"]: p["title"] for p in tiny_passages}
     questions = [Q_THUNDER, Q_BORN_FIRST]
     results = query_json(capsys, tiny_index, *[q["question"] for q in questions])
+    plain = query_json(capsys, tiny_index, *[q["question"] for q in questions], "--pair-candidates", "0")
     assert len(results) == 2
     for i, (q, res) in enumerate(zip(questions, results)):
         assert set(res) == {"id", "question", "hits"}
@@ -128,10 +129,12 @@ def test_query_json_prints_one_object_per_question(tiny_index, tiny_passages, ca
             assert set(h) == {"id", "score", "title"}
             assert h["id"] in titles and h["title"] == titles[h["id"]]
             assert isinstance(h["score"], float)
-        scores = [h["score"] for h in res["hits"]]
-        # best first; the default chain round keeps the first round's top passage ahead of the second
-        # round's ranking, with its second-round score (chain.merge, METHOD.md): the rest is sorted
+        # best first: without the pair rerank, the chain round keeps the first round's top passage ahead of
+        # the second round's ranking, with its second-round score (chain.merge, METHOD.md), the rest sorted;
+        # the pair rerank then moves two of the top five to the front (pairs.py)
+        scores = [h["score"] for h in plain[i]["hits"]]
         assert scores[1:] == sorted(scores[1:], reverse=True)
+        assert_pair_moved([h["id"] for h in res["hits"]], [h["id"] for h in plain[i]["hits"]])
         assert len({h["id"] for h in res["hits"]}) == 5
         # the top hit is a gold supporting passage of the demo question
         assert res["hits"][0]["id"] in {f"d{s}" for s in q["supporting_ids"]}

@@ -18,6 +18,7 @@ TIMEOUT_S = 300  # per group of processes; a run takes ~15 s on two loaded cores
 SYNTHETIC_CONFIGS = {
     "default (chain round)": RetrievalConfig(),
     "two chain rounds": RetrievalConfig(chain_rounds=2, chain_passages=3),
+    "pairs linked by entities": RetrievalConfig(pair_link_weight=1.0, pair_link_max_passages=4),
     "reference code": RetrievalConfig.reference_code(),
     "musique settings": RetrievalConfig.reference_code(max_iterations=5, delta=0.1, lam=2.0, top_k_sentence=4),
     "paper mode": RetrievalConfig(mode="paper"),

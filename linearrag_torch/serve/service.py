@@ -38,7 +38,8 @@ log = logging.getLogger("linearrag.serve")
 WARMUP_QUESTION = "Who directed the film and where was the director born?"
 # upper bounds a client may set for the settings that multiply the engine's work
 SETTING_BOUNDS = {"max_iterations": (1, 16), "top_k_sentence": (1, 64), "ppr_max_iter": (1, 1000),
-                  "chain_passages": (0, 16), "chain_sentences": (1, 16), "chain_keep": (0, 16), "chain_rounds": (1, 4)}
+                  "chain_passages": (0, 16), "chain_sentences": (1, 16), "chain_keep": (0, 16), "chain_rounds": (1, 4),
+                  "pair_candidates": (0, 16)}
 
 
 class ReloadRefused(Exception):
