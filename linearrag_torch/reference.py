@@ -151,8 +151,10 @@ def transition_matrix(C: sp.csr_matrix, adjacent_passages: bool):
 
 def personalized_pagerank(C: sp.csr_matrix, reset_p: np.ndarray, reset_e: np.ndarray,
                           config: RetrievalConfig, walk=None):
-    """Eq. 6: x_{k+1} = (1 - d) r + d (Aᵀ D⁻¹ x_k + (sum of x_k over dangling nodes) r), x_0 = r, until
-    the L1 change is below ppr_tol or ppr_max_iter iterations. r = [reset_p; reset_e] with negatives and
+    """Eq. 6: the fixed point of x = (1 - d) r + d (Aᵀ D⁻¹ x + (sum of x over dangling nodes) r), by block
+    Gauss-Seidel steps from x_0 = r: the passage block from the current iterate, then the entity block
+    from the new passage values (and the current entity values, for the dangling sum), until the L1
+    change of a step is below ppr_tol or ppr_max_iter steps. r = [reset_p; reset_e] with negatives and
     NaN set to 0, normalised to sum 1. Returns x (passages first, then entities), or None if r sums to 0.
     ``walk`` is transition_matrix(C, config.adjacent_passages), passed in to build it only once."""
     T, dangling = walk if walk is not None else transition_matrix(C, config.adjacent_passages)
@@ -164,12 +166,14 @@ def personalized_pagerank(C: sp.csr_matrix, reset_p: np.ndarray, reset_e: np.nda
         return None
     r = r / total
     d = config.damping
-    x = r
+    P = C.shape[0]
+    T_p, T_e = T[:P], T[P:]  # the rows of the passage block and of the entity block
+    x = r.copy()
     for _ in range(config.ppr_max_iter):
-        x_new = (1 - d) * r + d * (T @ x + x[dangling].sum() * r)
-        change = np.abs(x_new - x).sum()
-        x = x_new
-        if change < config.ppr_tol:
+        old = x.copy()
+        x[:P] = (1 - d) * r[:P] + d * (T_p @ x + x[dangling].sum() * r[:P])
+        x[P:] = (1 - d) * r[P:] + d * (T_e @ x + x[dangling].sum() * r[P:])
+        if np.abs(x - old).sum() < config.ppr_tol:
             break
     return x
 

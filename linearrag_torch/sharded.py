@@ -11,10 +11,11 @@ float summation order, ~1e-7). docs/METHOD.md, "Sharded retrieval", derives each
       paper           per step: all-gather of the partial sums M^T(sigma . M a) over owned sentences
     eq. 7             all-reduce max of the per-question min and max of cos(q, p) (min-max normalisation);
                       ln(1 + N_ep) sums are local (a passage's row of N is on its rank)
-    PageRank          reset normalisation: all-reduce of the passage reset sums. Per iteration ONE
-                      all-reduce of [shared entities + 2, B]: the partial W_ep x_p of the entities whose
-                      passages lie on several ranks, the dangling mass, and the L1 change of the step
-                      before (the stop rule is tested one collective late, on the iterate kept anyway)
+    PageRank          reset normalisation: all-reduce of the passage reset sums (and the reset's dangling
+                      mass). Per block Gauss-Seidel step ONE all-reduce of [shared entities + 2, B]: the
+                      partial W_ep p' of the entities whose passages lie on several ranks, the new passages'
+                      dangling mass, and the L1 change of the step before (the stop rule is tested one
+                      collective late, on the iterate kept anyway)
     top-k             all-gather of each rank's local top k, merged best first, ties to the lower passage
     chain round       the owner of a source passage computes its chain seeds; all-gather and max
                       per entity; the seed vectors come from the entities' owners (all-reduce)
@@ -39,6 +40,7 @@ from . import kernels, pairs
 from .activation import ActivePairs, nearest_entities
 from .chain import enabled as chain_enabled, merge as chain_merge
 from .config import RetrievalConfig
+from .pagerank import FLOOR_RULE_BELOW
 from .queries import EncodedQueries, Retrieved
 from .sparse import Csr
 
@@ -634,12 +636,6 @@ class ShardedEngine:
         rp = torch.nan_to_num(reset_p, nan=0.0).clamp_(min=0)
         B = rp.shape[1]
         ev = torch.nan_to_num(e_vals.to(rp.dtype), nan=0.0).clamp_(min=0)
-        comm.phase = "ppr_setup"
-        total = comm.all_reduce(rp.sum(0)).index_add_(0, cols, ev)
-        valid = total > 0
-        norm = torch.where(valid, total, torch.ones_like(total))
-        rp.div_(norm)
-        ev = ev / norm[cols]
         n_priv, n_sh = sh.walk_private.numel(), sh.walk_shared.numel()
         # the walk rows of the reset entries: private ones held here, every shared one
         loc = sh.local_entity(e_glob)
@@ -651,29 +647,48 @@ class ShardedEngine:
             pos = torch.searchsorted(sh.walk_shared, e_glob).clamp_(max=n_sh - 1)
             wrow = torch.where(sh.walk_shared[pos] == e_glob, n_priv + pos, wrow)
         h = wrow >= 0
-        re = torch.zeros(n_priv + n_sh, B, dtype=rp.dtype, device=dev).index_put_((wrow[h], cols[h]), ev[h],
-                                                                                  accumulate=True)
-        W_pe, W_ep = sh.matrix("to_passages"), sh.matrix("to_entities")
+
+        def entity_reset(values):
+            return torch.zeros(n_priv + n_sh, B, dtype=rp.dtype, device=dev).index_put_(
+                (wrow[h], cols[h]), values[h], accumulate=True)
+
         dp, de = sh.dangling_passages, sh.dangling_walk
+        # the reset's total, and its mass on the dangling passages and entities (dangling walk rows are
+        # private: each is held by one rank), in one collective
+        comm.phase = "ppr_setup"
+        sums = comm.all_reduce(torch.stack([rp.sum(0), rp.index_select(0, dp).sum(0),
+                                            entity_reset(ev).index_select(0, de).sum(0)]))
+        total = sums[0].index_add_(0, cols, ev)
+        valid = total > 0
+        norm = torch.where(valid, total, torch.ones_like(total))
+        rp.div_(norm)
+        re = entity_reset(ev / norm[cols])
+        r_dp, r_de = sums[1] / norm, sums[2] / norm
+        W_pe, W_ep = sh.matrix("to_passages"), sh.matrix("to_entities")
         result = torch.zeros_like(rp)
         cols_w = torch.arange(B, device=dev)
         xp, xe = rp.clone(), re.clone()
+        # g: the dangling mass of (xp, xe). A dangling entity row has no edge, so after a step it holds its
+        # reset times that step's entity coefficient: the entities' part of g is r_de times it (x_0 = r: 1)
+        g_e = r_de.clone()
+        g = r_dp + g_e
         last = torch.full((B,), float("inf"), dtype=rp.dtype, device=dev)
         ch_loc = torch.zeros(B, dtype=rp.dtype, device=dev)
         log = self.iteration_log
         comm.phase = "ppr"
         for t in range(cfg.ppr_max_iter):
             t0 = time.perf_counter()
-            y = torch.mm(W_ep, xp) if W_ep.shape[0] else xe.new_zeros(n_priv + n_sh, xp.shape[1])
-            g_loc = xp.index_select(0, dp).sum(0) + xe.index_select(0, de).sum(0)
-            buf = torch.cat([y[n_priv:], g_loc[None], ch_loc[None]])
+            # block Gauss-Seidel (kernels.ppr_step): the passages (all local), then the entities from them
+            out_p = torch.addmm(rp * ((1.0 - d) + d * g), W_pe, xe, alpha=d) if W_pe.shape[1] else rp * ((1.0 - d) + d * g)
+            y = torch.mm(W_ep, out_p) if W_ep.shape[0] else xe.new_zeros(n_priv + n_sh, xp.shape[1])
+            buf = torch.cat([y[n_priv:], out_p.index_select(0, dp).sum(0)[None], ch_loc[None]])
             t1 = time.perf_counter()
             comm.all_reduce(buf)
             t2 = time.perf_counter()
             sent = buf.numel() * buf.element_size() if comm.world > 1 else 0
-            y_sh, g, change = buf[:n_sh], buf[n_sh], buf[n_sh + 1]
+            y_sh, g_p, change = buf[:n_sh], buf[n_sh], buf[n_sh + 1]
             if t > 0:  # the stop rule of personalized_pagerank, for the step before
-                stop = (change < cfg.ppr_tol) | (change >= last)
+                stop = (change < cfg.ppr_tol) | ((change >= last) & (change < FLOOR_RULE_BELOW))
                 last = change
                 if bool(stop.any()):
                     result[:, cols_w[stop]] = xp[:, stop]
@@ -684,13 +699,14 @@ class ShardedEngine:
                         break
                     cols_w, last = cols_w[k], last[k]
                     xp, xe, rp, re = xp[:, k], xe[:, k], rp[:, k], re[:, k]
-                    y, y_sh, g = y[:, k], y_sh[:, k], g[k]
+                    out_p, y, y_sh, g_p, g_e, r_de = out_p[:, k], y[:, k], y_sh[:, k], g_p[k], g_e[k], r_de[k]
             t3 = time.perf_counter()
-            coef = (1.0 - d) + d * g
-            out_p = torch.addmm(rp * coef, W_pe, xe, alpha=d) if W_pe.shape[1] else rp * coef
-            out_e = re * coef
+            coef_e = (1.0 - d) + d * (g_p + g_e)  # g' over (p', xe)
+            out_e = re * coef_e
             out_e[:n_priv] += d * y[:n_priv]
             out_e[n_priv:] += d * y_sh
+            g_e = r_de * coef_e
+            g = g_p + g_e
             ch_loc = (out_p - xp).abs().sum(0) + (out_e[:n_priv] - xe[:n_priv]).abs().sum(0)
             if sh.rank == 0:  # the shared rows are the same on every rank: counted once
                 ch_loc = ch_loc + (out_e[n_priv:] - xe[n_priv:]).abs().sum(0)

@@ -61,14 +61,16 @@ def passage_reset(sim: torch.Tensor, N_log, act: torch.Tensor, tier: torch.Tenso
 
 
 def ppr_step_reference(graph: PPRGraph, xp, xe, rp, re, damping):
-    """kernels.ppr_step written plainly (allocating, unfused): returns (p', e', change)."""
+    """kernels.ppr_step written plainly (allocating, unfused): one block Gauss-Seidel step, the passages
+    from (xp, xe), then the entities from the new passages; returns (p', e', change)."""
     d = damping
     new_p = graph.to_passages @ xe
     if graph.between_passages is not None:
         new_p = new_p + graph.between_passages @ xp
-    new_e = graph.to_entities @ xp
     g = xp[graph.dangling_passages].sum(0) + xe[graph.dangling_entities].sum(0)
     np_ = (1 - d) * rp + d * (new_p + g * rp)
+    new_e = graph.to_entities @ np_
+    g = np_[graph.dangling_passages].sum(0) + xe[graph.dangling_entities].sum(0)
     ne_ = (1 - d) * re + d * (new_e + g * re)
     change = (np_ - xp).abs().sum(0) + (ne_ - xe).abs().sum(0)
     return np_, ne_, change

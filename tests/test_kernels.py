@@ -255,10 +255,9 @@ TRITON_SCRIPT = textwrap.dedent(
         rp, re = torch.rand(P, 3, generator=gen), torch.rand(E, 3, generator=gen)
         xp, xe = torch.rand(P, 3, generator=gen), torch.rand(E, 3, generator=gen)
         wp, we = torch.empty_like(xp), torch.empty_like(xe)
-        want = ppr._ppr_step_torch(g.to_passages, g.to_entities, g.between_passages,
-                                   bool(g.dangling_passage_idx.numel() or g.dangling_entity_idx.numel()), xp.clone(), xe.clone(),
-                                   rp, re, 0.4, xp[g.dangling_passages].sum(0) + xe[g.dangling_entities].sum(0),
-                                   wp, we, {})
+        want = ppr._ppr_step_torch(g.to_passages, g.to_entities, g.between_passages, g.dangling_passage_idx,
+                                   g.dangling_entity_idx, bool(g.dangling_passage_idx.numel() or g.dangling_entity_idx.numel()),
+                                   xp.clone(), xe.clone(), rp, re, 0.4, wp, we, {})
         op, oe = torch.empty_like(xp), torch.empty_like(xe)
         change = g.ppr_step(xp.clone(), xe.clone(), rp, re, 0.4, op, oe)
         torch.testing.assert_close(op, wp, rtol=1e-5, atol=1e-7)

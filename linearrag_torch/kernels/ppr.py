@@ -1,4 +1,5 @@
-"""One power iteration of personalized PageRank (eq. 6), fused: SpMM + reset mix + L1 change.
+"""One iteration of personalized PageRank (eq. 6), fused: SpMM + reset mix + L1 change. An iteration is a
+block Gauss-Seidel step (passages, then entities from the new passage values; ppr_step).
 
 Unfused, an iteration is two SpMMs followed by about a dozen element-wise passes over the
 (passages + entities) x B state (scale, add, mix in the reset, subtract, abs, sum, select the columns
@@ -34,51 +35,55 @@ def dangling_mass(dangling_passage_idx: torch.Tensor, dangling_entity_idx: torch
 def ppr_step(to_passages: torch.Tensor, to_entities: torch.Tensor, between_passages: torch.Tensor | None,
              dangling_passage_idx: torch.Tensor, dangling_entity_idx: torch.Tensor,
              xp: torch.Tensor, xe: torch.Tensor, rp: torch.Tensor, re: torch.Tensor, damping: float,
-             out_p: torch.Tensor, out_e: torch.Tensor, g: torch.Tensor | None = None,
-             workspace: dict | None = None) -> torch.Tensor:
-    """One step of x <- (1 - d) r + d (walk(x) + g(x) r) on B columns at once:
+             out_p: torch.Tensor, out_e: torch.Tensor, workspace: dict | None = None) -> torch.Tensor:
+    """One block Gauss-Seidel step of x = (1 - d) r + d (walk(x) + g(x) r) on B columns at once: the
+    passages first, then the entities from the new passage values:
 
-        g       = sum of x over the dangling nodes (strength 0)                      [B]
+        g       = sum of (xp, xe) over the dangling nodes (strength 0)                [B]
         p'      = d (W_pe xe + W_pp xp) + (1 - d + d g) rp                            [P, B]
-        e'      = d W_ep xp + (1 - d + d g) re                                        [E, B]
+        g'      = sum of (p', xe) over the dangling nodes                             [B]
+        e'      = d W_ep p' + (1 - d + d g') re                                       [E, B]
         change  = sum_p |p' - xp| + sum_e |e' - xe|                                   [B]
 
-    W_pe = to_passages [P, E], W_ep = to_entities [E, P], W_pp = between_passages [P, P] (or None), all
-    torch CSR; dangling_*_idx: the rows of strength 0. Writes p', e' into ``out_p``, ``out_e`` (distinct
-    from every input) and returns ``change``; ``xp`` and ``xe`` are used as scratch and hold garbage
-    afterwards. ``g``: dangling_mass(...) if the caller already has it. ``workspace``: a dict kept with
-    the matrices across steps (caches derived from them); None = no caching.
+    The fixed point is eq. 6's (the power iteration's); on the bipartite passage-entity graph a step does
+    the work of two power-iteration steps (each half uses the other's newest values), so about half as
+    many steps reach a tolerance. W_pe = to_passages [P, E], W_ep = to_entities [E, P], W_pp =
+    between_passages [P, P] (or None), all torch CSR; dangling_*_idx: the rows of strength 0. Writes p',
+    e' into ``out_p``, ``out_e`` (distinct from every input) and returns ``change``; ``xp`` and ``xe`` are
+    used as scratch and hold garbage afterwards. ``workspace``: a dict kept with the matrices across steps
+    (caches derived from them); None = no caching.
     """
     d = float(damping)
     workspace = {} if workspace is None else workspace
+    dangling = bool(dangling_passage_idx.numel() or dangling_entity_idx.numel())
+
+    def entity_coef(new_p):  # (1 - d + d g') per column, g' over (p', xe)
+        return (1.0 - d) + d * dangling_mass(dangling_passage_idx, dangling_entity_idx, new_p, xe)
+
     if use_triton(xp):
         from .triton import ppr as triton_ppr
 
-        if g is None:
-            g = dangling_mass(dangling_passage_idx, dangling_entity_idx, xp, xe)
-        coef = (1.0 - d) + d * g
+        coef = (1.0 - d) + d * dangling_mass(dangling_passage_idx, dangling_entity_idx, xp, xe)
         return triton_ppr.ppr_step(to_passages, to_entities, between_passages, xp, xe, rp, re, d, coef, out_p, out_e,
-                                   workspace)
-    dangling = bool(dangling_passage_idx.numel() or dangling_entity_idx.numel())
-    if dangling and g is None:  # nothing dangles: g is 0 and the reset's weight is 1 - d (no pass for it)
-        g = dangling_mass(dangling_passage_idx, dangling_entity_idx, xp, xe)
-    return _ppr_step_torch(to_passages, to_entities, between_passages, dangling, xp, xe, rp, re, d, g, out_p, out_e,
-                           workspace)
+                                   workspace, entity_coef if dangling else (lambda new_p: coef))
+    return _ppr_step_torch(to_passages, to_entities, between_passages, dangling_passage_idx, dangling_entity_idx,
+                           dangling, xp, xe, rp, re, d, out_p, out_e, workspace)
 
 
-def _ppr_step_torch(to_passages, to_entities, between_passages, dangling: bool, xp, xe, rp, re, d, g, out_p, out_e,
-                    workspace):
-    if dangling:
-        coef = (1.0 - d) + d * g  # the reset's weight per column: one pass writes it, the SpMM adds on
-        torch.mul(rp, coef, out=out_p)
+def _ppr_step_torch(to_passages, to_entities, between_passages, dangling_passage_idx, dangling_entity_idx,
+                    dangling: bool, xp, xe, rp, re, d, out_p, out_e, workspace):
+    if dangling:  # the reset's weight per column: one pass writes it, the SpMM adds on
+        torch.mul(rp, (1.0 - d) + d * dangling_mass(dangling_passage_idx, dangling_entity_idx, xp, xe), out=out_p)
         out_p.addmm_(to_passages, xe, alpha=d)
-        torch.mul(re, coef, out=out_e)
-        out_e.addmm_(to_entities, xp, alpha=d)
-    else:
+        if between_passages is not None:
+            out_p.addmm_(between_passages, xp, alpha=d)
+        torch.mul(re, (1.0 - d) + d * dangling_mass(dangling_passage_idx, dangling_entity_idx, out_p, xe), out=out_e)
+        out_e.addmm_(to_entities, out_p, alpha=d)
+    else:  # nothing dangles: g is 0 and the reset's weight is 1 - d (no pass for it)
         torch.addmm(rp, to_passages, xe, beta=1.0 - d, alpha=d, out=out_p)
-        torch.addmm(re, to_entities, xp, beta=1.0 - d, alpha=d, out=out_e)
-    if between_passages is not None:
-        out_p.addmm_(between_passages, xp, alpha=d)
+        if between_passages is not None:
+            out_p.addmm_(between_passages, xp, alpha=d)
+        torch.addmm(re, to_entities, out_p, beta=1.0 - d, alpha=d, out=out_e)
     dp, de = xp.sub_(out_p).abs_(), xe.sub_(out_e).abs_()
     if xp.shape[1] < GEMV_MIN_COLUMNS:  # a few columns: each is (nearly) contiguous, sum(0) is one cheap pass
         return dp.sum(0).add_(de.sum(0))

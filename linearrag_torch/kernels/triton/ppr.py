@@ -91,9 +91,10 @@ def _epilogue(acc, r, x, out, coef, change, d):
 
 
 def ppr_step(to_passages, to_entities, between_passages, xp, xe, rp, re, d: float, coef, out_p, out_e,
-             workspace: dict) -> torch.Tensor:
-    """kernels.ppr.ppr_step's contract, ``coef`` = (1 - d) + d * g given; ``workspace`` caches the work
-    lists of the three matrices (keyed by role)."""
+             workspace: dict, entity_coef) -> torch.Tensor:
+    """kernels.ppr.ppr_step's contract (block Gauss-Seidel: the entities from the new passage values),
+    ``coef`` = (1 - d) + d * g of the passage half given, ``entity_coef(out_p)`` that of the entity half;
+    ``workspace`` caches the work lists of the three matrices (keyed by role)."""
     for t in (xp, xe, rp, re, out_p, out_e):
         assert t.is_contiguous() and t.dtype == torch.float32
 
@@ -111,6 +112,6 @@ def ppr_step(to_passages, to_entities, between_passages, xp, xe, rp, re, d: floa
         _spmm(between_passages, pieces("between_passages", between_passages), xp, acc, always_add=True)
     _epilogue(acc, rp, xp, out_p, coef, change, d)
     acc = torch.zeros_like(xe)
-    _spmm(to_entities, pieces("to_entities", to_entities), xp, acc)
-    _epilogue(acc, re, xe, out_e, coef, change, d)
+    _spmm(to_entities, pieces("to_entities", to_entities), out_p, acc)
+    _epilogue(acc, re, xe, out_e, entity_coef(out_p).float().contiguous(), change, d)
     return change
