@@ -5,7 +5,7 @@ this one in the same quiet session:
     git worktree add /tmp/before COMMIT
     python benchmarks/question_path_versions.py --src /tmp/before --index DIR --questions A.jsonl B.jsonl
     python benchmarks/question_path_versions.py --src . --index DIR --questions A.jsonl B.jsonl \\
-        --settings '{"chain_passages": 0}' --json OUT
+        --settings '{"chain_passages": 0}' --json OUT [--ranking TOP10.json]
 
 Each batch size times the first max(batch, 64) questions of the files in consecutive batches, after a
 warm-up batch. benchmarks.throughput gives the stage-by-stage table of the current version.
@@ -25,6 +25,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64, 256])
     ap.add_argument("--settings", default="{}", help="retrieval settings as JSON, e.g. '{\"chain_passages\": 0}'")
     ap.add_argument("--json", help="write the numbers here")
+    ap.add_argument("--ranking", help="also write every question's top 10 (row indices and scores, one batched call) "
+                                      "here, to compare two versions' rankings")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -54,6 +56,10 @@ def main(argv=None) -> int:
         rows.append(row)
         print(f"batch {b:4d}: encode_queries {row['encode_queries_ms']:6.2f}  retrieve {row['retrieve_ms']:6.2f}  "
               f"end to end {row['end_to_end_ms']:6.2f} ms/question", file=sys.stderr)
+    if args.ranking:
+        out = rag.retrieve(rag.encode_queries(qs, cfg), cfg.replace(top_k=10))
+        with open(args.ranking, "w") as fh:
+            json.dump({"questions": qs, "indices": out.indices.tolist(), "scores": out.scores.tolist()}, fh)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"package": linearrag_torch.__file__, "settings": json.loads(args.settings), "rows": rows}, fh, indent=2)
