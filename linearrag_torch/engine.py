@@ -173,7 +173,7 @@ class DeviceGraph:
             self._pair_C = (C.crow.to(self.device), C.col.to(self.device), {})
         crow, col, linking = self._pair_C
         if cfg.pair_link_max_passages not in linking:
-            linking[cfg.pair_link_max_passages] = pairs.link_entities(crow, col, self.entity_emb.shape[0],
+            linking[cfg.pair_link_max_passages] = pairs.link_entities(col, self.entity_emb.shape[0],
                                                                        cfg.pair_link_max_passages)
         idx = out.indices.to(self.device)
         cand = idx[:, :N]

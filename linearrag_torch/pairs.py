@@ -43,7 +43,7 @@ def deeper(cfg: RetrievalConfig) -> RetrievalConfig:
     return cfg.replace(top_k=max(cfg.top_k, cfg.pair_candidates), pair_candidates=0)
 
 
-def link_entities(C_crow: torch.Tensor, C_col: torch.Tensor, num_entities: int, max_passages: int) -> torch.Tensor:
+def link_entities(C_col: torch.Tensor, num_entities: int, max_passages: int) -> torch.Tensor:
     """[E] bool: the entities that link a pair, those found in 1 .. max_passages passages (C's structure)."""
     df = torch.bincount(C_col.to(torch.int64), minlength=num_entities)
     return (df >= 1) & (df <= max_passages)
@@ -99,7 +99,9 @@ def rerank(out: Retrieved, query_emb: torch.Tensor, cand_emb: torch.Tensor, link
     top = s[:, :1]
     share = s / torch.where(top > 0, top, torch.ones_like(top))
     pair = v[:, pi] + v[:, pj]  # [B, pairs, D]
-    cos = (pair @ q[:, :, None]).squeeze(2) / pair.norm(dim=2).clamp(min=1e-12)
+    # row by row (not a batched matmul, whose kernel may change with the batch): a question's pair values do
+    # not depend on the other questions of its batch
+    cos = (pair * q[:, None, :]).sum(dim=2) / pair.norm(dim=2).clamp(min=1e-12)
     value = cos + cfg.pair_rank_weight * (share[:, pi] + share[:, pj]) \
         + cfg.pair_link_weight * link[:, pi, pj].to(torch.float32)
     valid = (idx[:, pi] >= 0) & (idx[:, pj] >= 0)
