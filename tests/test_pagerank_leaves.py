@@ -67,10 +67,11 @@ def test_the_change_of_tracked_leaves_counts_like_the_full_graph():
 
 
 def _stop_step(changes, tol: float, cap: int) -> int:
-    """The steps a column runs by the stop rule: up to the first change below tol or not below the one before."""
+    """The steps a column runs by the stop rule: up to the first change below tol, or below
+    pagerank.FLOOR_RULE_BELOW and not below the one before."""
     last = float("inf")
     for t, c in enumerate(changes, 1):
-        if c < tol or c >= last:
+        if c < tol or (c >= last and c < pagerank.FLOOR_RULE_BELOW):
             return t
         last = c
     return cap
