@@ -245,8 +245,9 @@ class LinearRAG:
 
     def explain(self, questions: list[str], top_k: int | None = None, **overrides) -> list[dict]:
         """Hits plus how they were reached: question entities, seeds, the first round's activated entities
-        (tier >= 2: reached by semantic bridging) found in each hit passage, and the later rounds'
-        chain seeds (chain.py) with their seed scores."""
+        (tier >= 2: reached by semantic bridging) found in each hit passage, the later rounds' chain seeds
+        (chain.py) with their seed scores, and the ranks before the pair rerank of the first two hits
+        (pairs.py; None without it)."""
         if isinstance(questions, str):
             questions = [questions]
         cfg = self.config.replace(top_k=top_k, **overrides)
@@ -270,6 +271,8 @@ class LinearRAG:
                 "seeds": [(names[e], float(seeds[e, b])) for e in torch.nonzero(tr.is_seed[:, b].cpu()).flatten().tolist()],
                 # the later rounds' extra seeds (chain.py; [] with one round)
                 "chain_seeds": tr.chain_seeds[b] if getattr(tr, "chain_seeds", None) is not None else [],
+                # (i, j): the first two hits were ranked i and j before the pair rerank (pairs.py)
+                "pair_ranks": tr.pair_ranks[b] if getattr(tr, "pair_ranks", None) is not None else None,
                 "hits": [
                     (h, [(names[e], int(tier[e, b]), float(act[e, b])) for e in active if e in passage_ents[h.row]])
                     for h in hits[b]

@@ -172,7 +172,7 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="index the bundled sample corpus and answer its multi-hop questions",
                        description="Index a few hundred bundled 2WikiMultiHopQA passages (cached after the first run) "
                                    "and show, for each bundled question, the passages found and the entities that bridged them.")
-    d.add_argument("--top-k", type=int, default=3)
+    d.add_argument("--top-k", type=int, default=3, help="passages shown per question (default %(default)s)")
     d.add_argument("--questions", type=int, default=5, help="how many bundled questions to answer (default %(default)s)")
     d.add_argument("--cache", default=None, help="where to keep the demo index (default: ~/.cache/linearrag_torch)")
     _device_arg(d)

@@ -54,6 +54,9 @@ def run_demo(args) -> int:
             print("   no entity in the question: dense retrieval")
         else:
             print("   seeds: " + ", ".join(f"{name} ({score:.2f})" for name, score in ex["seeds"]))
+        pair = ex.get("pair_ranks")
+        if pair and tuple(pair) != (1, 2):
+            print(f"   the first two: the best pair of the top five, ranked {pair[0]} and {pair[1]} before (pairs.py)")
         for rank, (hit, ents) in enumerate(ex["hits"], 1):
             mark = "*" if hit.id in gold else " "
             print(f" {mark}{rank}. {hit.title}  score {hit.score:.4f}")

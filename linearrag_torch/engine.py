@@ -220,6 +220,7 @@ class Trace:
     activation: Activation
     dense: torch.Tensor  # [B] bool: answered by dense retrieval
     chain_seeds: list | None = None  # per question [(entity, seed score)] of the later rounds (chain.py)
+    pair_ranks: list | None = None  # per question the ranks (1-based) before the pair rerank of its first two hits
 
 
 def activate_pairs(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig):
@@ -257,9 +258,12 @@ def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, 
 
     if pairs.enabled(cfg):
         res = retrieve(graph, queries, pairs.deeper(cfg), trace, memory_budget)
-        out, tr = res if trace else (res, None)
-        out = pairs.cut(graph.pair_rerank(queries, out, cfg), cfg.top_k)
-        return (out, tr) if trace else out
+        before, tr = res if trace else (res, None)
+        out = pairs.cut(graph.pair_rerank(queries, before, cfg), cfg.top_k)
+        if not trace:
+            return out
+        tr.pair_ranks = pairs.ranks_before(before, out)
+        return out, tr
     if chain_enabled(cfg):
         # the rounds of a batch that runs in one chunk share its passage cosines and eq. 3's scan (kept only
         # for the chain: a kept [P, B] product would add to a chunked batch's memory budget)

@@ -128,3 +128,13 @@ def has_entities(queries: EncodedQueries) -> torch.Tensor:
 def cut(out: Retrieved, k: int) -> Retrieved:
     k = min(k, out.indices.shape[1])
     return Retrieved(out.indices[:, :k], out.scores[:, :k])
+
+
+def ranks_before(before: Retrieved, after: Retrieved) -> list:
+    """Per question the 1-based ranks in ``before`` of the first two passages of ``after`` (None where ``after``
+    lists fewer than two): (1, 2) when the rerank kept the order."""
+    out = []
+    for b_row, a_row in zip(before.indices.cpu().tolist(), after.indices.cpu().tolist()):
+        first = [p for p in a_row[:2] if p >= 0]
+        out.append(tuple(b_row.index(p) + 1 for p in first) if len(first) == 2 else None)
+    return out

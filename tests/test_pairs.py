@@ -126,3 +126,19 @@ def test_engine_equals_reference_and_moves_only_the_top_two(chain):
     assert moved >= 3  # the case reranks something
     # a smaller top_k is the start of a larger one (the rerank always looks at pair_candidates passages)
     assert torch.equal(retrieve(DeviceGraph(index), queries, cfg.replace(top_k=2)).indices, got.indices[:, :2])
+
+
+def test_the_trace_tells_where_the_first_two_were_ranked():
+    index = random_index(300, 200, dim=16, seed=11)
+    queries = random_queries(index, 24, seed=12)
+    cfg = RetrievalConfig(delta=0.2, top_k=3, pair_link_weight=0.3, pair_link_max_passages=20)
+    got, tr = retrieve(DeviceGraph(index), queries, cfg, trace=True)
+    plain = retrieve(DeviceGraph(index), queries, cfg.replace(pair_candidates=0, top_k=5))
+    assert torch.equal(got.indices, retrieve(DeviceGraph(index), queries, cfg).indices)
+    moved = 0
+    for g, p, ranks in zip(got.indices.tolist(), plain.indices.tolist(), tr.pair_ranks):
+        assert ranks == (p.index(g[0]) + 1, p.index(g[1]) + 1) and ranks[0] < ranks[1] <= 5
+        moved += ranks != (1, 2)
+    assert moved >= 3
+    # without the rerank the trace has no ranks
+    assert retrieve(DeviceGraph(index), queries, cfg.replace(pair_candidates=0), trace=True)[1].pair_ranks is None
