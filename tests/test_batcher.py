@@ -165,3 +165,55 @@ def test_bad_settings_are_refused():
         Batcher(Recorder(), max_batch_size=0)
     with pytest.raises(ValueError, match="max_wait_ms"):
         Batcher(Recorder(), max_wait_ms=-1)
+
+
+def _closed_loop(gather_ms, clients=8, rounds=12, delay=0.04, think=0.001):
+    """``clients`` closed-loop clients against an engine that takes ``delay`` s a call: client c sends its next
+    question (c + 1) * ``think`` s after its answer (as a network spreads them). Returns the batch sizes."""
+    rec = Recorder(delay=delay)
+
+    async def client(b, c):
+        for r in range(rounds):
+            await b.submit("cfg", [f"c{c}r{r}"])
+            await asyncio.sleep(think * (c + 1))
+
+    async def main():
+        b = Batcher(rec, max_batch_size=64, gather_ms=gather_ms)
+        b.start()
+        await asyncio.gather(*(client(b, c) for c in range(clients)))
+        await b.stop()
+
+    run(main())
+    return [len(q) for _, q in rec.batches]
+
+
+def test_gather_waits_for_the_clients_just_answered():
+    """Without gather_ms closed-loop clients split into two halves that alternate on the engine; with it a batch
+    waits (at most a quarter of the last call, here 10 ms) for the answered ones and holds them all."""
+    plain = _closed_loop(0)
+    gathered = _closed_loop(50)
+    assert sum(plain) == sum(gathered) == 8 * 12
+    assert max(plain[1:]) < 8  # after the first call the answers come back spread out: never all together
+    assert sum(1 for n in gathered if n == 8) >= 8, gathered  # whole batches once the clients are all in
+    assert len(gathered) < len(plain)
+
+
+def test_gather_does_not_delay_a_lone_client():
+    """One client at a time: never fewer queued than were inside at once, so no gathering wait."""
+    rec = Recorder(delay=0.2)
+
+    async def main():
+        b = Batcher(rec, max_batch_size=64, gather_ms=1000)  # at most 50 ms after a 200 ms call
+        b.start()
+        t0 = time.perf_counter()
+        for i in range(5):
+            await b.submit("cfg", [i])
+        elapsed = time.perf_counter() - t0
+        await b.stop()
+        return elapsed
+
+    elapsed = run(main())
+    assert elapsed < 5 * 0.2 + 0.15, elapsed  # a wait after each call would add 4 x 50 ms
+    assert [len(q) for _, q in rec.batches] == [1] * 5
+    with pytest.raises(ValueError, match="gather_ms"):
+        Batcher(rec, gather_ms=-1)

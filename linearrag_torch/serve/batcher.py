@@ -8,6 +8,13 @@ one RetrievalConfig per call); a request with more questions than ``max_batch_si
 several entries. A request that gave up (timeout, client gone) before its batch formed is dropped
 from the queue and costs no engine time.
 
+With ``gather_ms`` > 0 a batch also waits, after the engine finished its last call, up to gather_ms and
+at most GATHER_SHARE of that call's duration (so the engine idles at most that share of its time, and a
+fast GPU engine waits little), while fewer questions are queued than were in the server at once over the
+last second (its recent concurrency): the clients just answered are about to send their next questions. Without it, closed-loop
+clients split into two halves that alternate on the engine (each half queues while the other's batch
+runs), and every batch holds half of them.
+
 The engine results of one question do not depend on the batch it rode in (the engine's chunking
 contract), so batching changes throughput and latency, never answers.
 """
@@ -22,6 +29,8 @@ from typing import Callable, Hashable, Sequence
 
 # run_batch(key, questions) -> one result per question, called on the engine thread
 RunBatch = Callable[[Hashable, list], list]
+PEAK_WINDOW_S = 1.0  # gather_ms: the recent concurrency is the most questions inside over about this long
+GATHER_SHARE = 0.25  # gather_ms: the wait is at most this share of the last engine call's duration
 
 
 @dataclass
@@ -52,14 +61,19 @@ class Batcher:
     """
 
     def __init__(self, run_batch: RunBatch, max_batch_size: int = 64, max_wait_ms: float = 0.0,
-                 on_batch: Callable[[BatchStats], None] | None = None):
+                 on_batch: Callable[[BatchStats], None] | None = None, gather_ms: float = 0.0):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        if max_wait_ms < 0:
-            raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
+        if max_wait_ms < 0 or gather_ms < 0:
+            raise ValueError(f"max_wait_ms and gather_ms must be >= 0, got {max_wait_ms} and {gather_ms}")
         self.run_batch = run_batch
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait_ms / 1000.0
+        self.gather = gather_ms / 1000.0
+        self._inside = 0  # questions submitted and not yet answered
+        self._peak = (0, 0.0)  # (most questions inside at once, since when) over the last PEAK_WINDOW_S
+        self._engine_free_at = 0.0  # when the engine finished its last call
+        self._gather_for = 0.0  # how long after it the next batch may wait (gather_ms)
         self.on_batch = on_batch
         self._queue: deque[_Entry] = deque()
         self._waiting = 0  # questions in the queue
@@ -105,6 +119,8 @@ class Batcher:
         for e in entries:
             self._queue.append(e)
             self._waiting += len(e.questions)
+        self._inside += len(questions)
+        self._note_peak()
         self._wake.set()
         try:
             parts = await asyncio.gather(*(e.future for e in entries))
@@ -112,7 +128,25 @@ class Batcher:
             for e in entries:
                 e.future.cancel()  # the collector skips cancelled entries
             raise
+        finally:
+            self._inside -= len(questions)
         return [r for part in parts for r in part]
+
+    def _note_peak(self) -> None:
+        now = time.perf_counter()
+        most, since = self._peak
+        if self._inside >= most or now - since > PEAK_WINDOW_S:
+            self._peak = (self._inside, now)
+
+    def recent_concurrency(self) -> int:
+        """The most questions inside the server at once over about the last PEAK_WINDOW_S seconds."""
+        most, since = self._peak
+        return most if time.perf_counter() - since <= PEAK_WINDOW_S else self._inside
+
+    def _gathering(self, now: float) -> bool:
+        """Whether to wait for the clients just answered (module docstring, gather_ms)."""
+        return (now - self._engine_free_at < self._gather_for
+                and self._waiting < min(self.recent_concurrency(), self.max_batch_size))
 
     async def call(self, fn: Callable, *args):
         """Run ``fn(*args)`` on the engine thread (between batches) and return its result."""
@@ -130,15 +164,20 @@ class Batcher:
                 await self._wake.wait()
                 continue
             if self._waiting < self.max_batch_size and not self._stopping:
-                remaining = self.max_wait - (time.perf_counter() - self._queue[0].enqueued)
+                now = time.perf_counter()
+                remaining = self.max_wait - (now - self._queue[0].enqueued)
+                if self._gathering(now):
+                    remaining = max(remaining, self._gather_for - (now - self._engine_free_at))
                 if remaining > 0:
                     self._wake.clear()
                     try:  # woken early by a new entry: re-check the size
                         await asyncio.wait_for(self._wake.wait(), remaining)
                     except asyncio.TimeoutError:
                         pass
-                    if self._waiting < self.max_batch_size and \
-                            time.perf_counter() - self._queue[0].enqueued < self.max_wait:
+                    self._drop_cancelled()
+                    now = time.perf_counter()
+                    if self._queue and self._waiting < self.max_batch_size and \
+                            (now - self._queue[0].enqueued < self.max_wait or self._gathering(now)):
                         continue
             batch = self._take()
             if not batch:
@@ -154,7 +193,9 @@ class Batcher:
                     raise RuntimeError(f"the engine returned {len(results)} results for {len(questions)} questions")
             except Exception as exc:  # reported to each request of the batch
                 error = exc
-            engine_s = time.perf_counter() - t0
+            self._engine_free_at = time.perf_counter()
+            engine_s = self._engine_free_at - t0
+            self._gather_for = min(self.gather, GATHER_SHARE * engine_s)
             pos = 0
             for e in batch:
                 if not e.future.done():

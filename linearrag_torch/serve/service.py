@@ -134,7 +134,7 @@ class LinearRAGService:
         self.llm = llm  # a generation.LLM for /v1/answer (None: that route answers 503)
         self.metrics = Metrics()
         self.batcher = Batcher(self._run_batch, self.settings.max_batch_size, self.settings.max_wait_ms,
-                               on_batch=self.metrics.on_batch)
+                               on_batch=self.metrics.on_batch, gather_ms=self.settings.gather_ms)
         self.ready = False
         self.load_error: str | None = None
         self.fingerprint: str | None = None

@@ -23,6 +23,9 @@ class ServeSettings:
     max_wait_ms: float = _f(0.0, "longest a question waits for others to join its batch, in ms; with 0 a batch is "
                                  "what queued while the engine was busy (on CPU that measured best, see "
                                  "benchmarks/README.md); a fast GPU engine may gain from 1-5")
+    gather_ms: float = _f(50.0, "after an engine call, wait up to this many ms (and at most a quarter of that "
+                                "call's time) for the clients it answered to send their next questions, while "
+                                "fewer are queued than were in the server at once over the last second (0: off)")
     max_concurrent: int = _f(256, "requests answered at once; one more gets 429 with Retry-After")
     timeout: float = _f(30.0, "seconds a request may take before it gets 504")
     max_body_bytes: int = _f(1 << 20, "largest request body; a larger one gets 413")
@@ -56,7 +59,7 @@ class ServeSettings:
                      "max_top_k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_wait_ms", "watch"):
+        for name in ("max_wait_ms", "gather_ms", "watch"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.threads is not None and self.threads < 1:
