@@ -257,7 +257,7 @@ def chain_retrieve(run, index, queries: EncodedQueries, cfg: RetrievalConfig, tr
         q2.prior = passage_prior(index, queries, seeds, cfg)
         cur = run(q2, later.replace(top_k=depth), False)
         out = merge(out, cur, r * cfg.chain_keep, depth)
-    out = Retrieved(out.indices[:, :min(cfg.top_k, out.indices.shape[1])], out.scores[:, :min(cfg.top_k, out.scores.shape[1])])
+    out = out.head(cfg.top_k)
     if not trace:
         return out
     names = index.entities

@@ -259,7 +259,7 @@ def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, 
     if pairs.enabled(cfg):
         res = retrieve(graph, queries, pairs.deeper(cfg), trace, memory_budget)
         before, tr = res if trace else (res, None)
-        out = pairs.cut(graph.pair_rerank(queries, before, cfg), cfg.top_k)
+        out = graph.pair_rerank(queries, before, cfg).head(cfg.top_k)
         if not trace:
             return out
         tr.pair_ranks = pairs.ranks_before(before, out)

@@ -125,11 +125,6 @@ def has_entities(queries: EncodedQueries) -> torch.Tensor:
     return active
 
 
-def cut(out: Retrieved, k: int) -> Retrieved:
-    k = min(k, out.indices.shape[1])
-    return Retrieved(out.indices[:, :k], out.scores[:, :k])
-
-
 def ranks_before(before: Retrieved, after: Retrieved) -> list:
     """Per question the 1-based ranks in ``before`` of the first two passages of ``after`` (None where ``after``
     lists fewer than two): (1, 2) when the rerank kept the order."""

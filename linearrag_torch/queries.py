@@ -97,3 +97,7 @@ class Retrieved(NamedTuple):
 
     indices: torch.Tensor
     scores: torch.Tensor
+
+    def head(self, k: int) -> "Retrieved":
+        """The first k passages of each question (all of them when there are fewer)."""
+        return Retrieved(self.indices[:, :k], self.scores[:, :k])

@@ -205,8 +205,10 @@ def retrieve(index: TriGraphIndex, queries: EncodedQueries, config: RetrievalCon
     from .chain import chain_retrieve, enabled as chain_enabled
 
     if pairs.enabled(config):
+        if prepared is None or prepared["adjacent_passages"] != config.adjacent_passages:
+            prepared = prepare(index, config)
         out = retrieve(index, queries, pairs.deeper(config), prepared)
-        return pairs.cut(pair_rerank(index, queries, out, config), config.top_k)
+        return pair_rerank(index, queries, out, config, prepared["passage_emb"]).head(config.top_k)
     if chain_enabled(config):
         if prepared is None or prepared["adjacent_passages"] != config.adjacent_passages:
             prepared = prepare(index, config)
@@ -257,12 +259,13 @@ def retrieve(index: TriGraphIndex, queries: EncodedQueries, config: RetrievalCon
     return Retrieved(torch.from_numpy(indices), torch.from_numpy(scores.astype(np.float32)))
 
 
-def pair_rerank(index: TriGraphIndex, queries: EncodedQueries, out: Retrieved, config: RetrievalConfig) -> Retrieved:
+def pair_rerank(index: TriGraphIndex, queries: EncodedQueries, out: Retrieved, config: RetrievalConfig,
+                passage_emb: np.ndarray | None = None) -> Retrieved:
     """pairs.py's rerank, one question at a time: among the first N = pair_candidates passages, the pair
     (i < j) of largest cos(q, v_i + v_j) + pair_rank_weight * (s_i + s_j) + pair_link_weight * [the two
     share an entity found in at most pair_link_max_passages passages], the first such pair on ties, takes
     the first two places; the rest keep their order. Only for questions with an entity and a positive top
-    score."""
+    score. ``passage_emb``: the passage vectors in float64 (prepare's), if already made."""
     import itertools
 
     idx, scores = out.indices.numpy().copy(), out.scores.numpy().copy()
@@ -272,7 +275,7 @@ def pair_rerank(index: TriGraphIndex, queries: EncodedQueries, out: Retrieved, c
     C = index.C
     crow, col = C.crow.numpy(), C.col.numpy()
     df = np.bincount(col, minlength=index.num_entities)
-    emb = _f64(index.passage_emb)
+    emb = passage_emb if passage_emb is not None else _f64(index.passage_emb)
     with_entities = set(queries.entity_owner.cpu().tolist())
     for b in range(idx.shape[0]):
         cand = [int(p) for p in idx[b, :N]]

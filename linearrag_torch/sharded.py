@@ -375,11 +375,12 @@ class ShardedEngine:
                              "across shard boundaries); query the index in one process")
         queries = self._stored_vectors(queries.to(self.shard.device))
         if pairs.enabled(cfg):
-            out = self._chain(queries, pairs.deeper(cfg)) if chain_enabled(cfg) else self._one_round(queries, pairs.deeper(cfg))
-            return pairs.cut(self._pairs(queries, out, cfg), cfg.top_k)
-        if chain_enabled(cfg):
-            return self._chain(queries, cfg)
-        return self._one_round(queries, cfg)
+            return self._pairs(queries, self._ranked(queries, pairs.deeper(cfg)), cfg).head(cfg.top_k)
+        return self._ranked(queries, cfg)
+
+    def _ranked(self, queries: EncodedQueries, cfg: RetrievalConfig) -> Retrieved:
+        """The ranking before the pair rerank: the chain's rounds, or one round."""
+        return self._chain(queries, cfg) if chain_enabled(cfg) else self._one_round(queries, cfg)
 
     def _pairs(self, queries: EncodedQueries, out: Retrieved, cfg: RetrievalConfig) -> Retrieved:
         """pairs.rerank: the candidates' vectors from their ranks (all-reduce of [B, N, D], zeros elsewhere) and
@@ -753,8 +754,7 @@ class ShardedEngine:
             q2 = dataclasses.replace(self._second_round_queries(queries, seeds), prior=self._prior(queries, seeds, cfg))
             cur = self._one_round(q2, later.replace(top_k=depth))
             out = chain_merge(out, cur, r * cfg.chain_keep, depth)
-        k = min(cfg.top_k, out.indices.shape[1])
-        return Retrieved(out.indices[:, :k], out.scores[:, :k])
+        return out.head(cfg.top_k)
 
     def _prior(self, queries: EncodedQueries, seeds: list, cfg: RetrievalConfig):
         """chain.passage_prior for this rank's passages: a passage's sentences and the entities they mention

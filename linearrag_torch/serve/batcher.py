@@ -11,9 +11,9 @@ from the queue and costs no engine time.
 With ``gather_ms`` > 0 a batch also waits, after the engine finished its last call, up to gather_ms and
 at most GATHER_SHARE of that call's duration (so the engine idles at most that share of its time, and a
 fast GPU engine waits little), while fewer questions are queued than were in the server at once over the
-last second (its recent concurrency): the clients just answered are about to send their next questions. Without it, closed-loop
-clients split into two halves that alternate on the engine (each half queues while the other's batch
-runs), and every batch holds half of them.
+last second (its recent concurrency): the clients just answered are about to send their next questions.
+Without it, closed-loop clients split into two halves that alternate on the engine (each half queues
+while the other's batch runs), and every batch holds half of them.
 
 The engine results of one question do not depend on the batch it rode in (the engine's chunking
 contract), so batching changes throughput and latency, never answers.
