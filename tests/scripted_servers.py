@@ -40,6 +40,9 @@ class _Server:
                 finally:
                     with owner.lock:
                         owner.in_flight -= 1
+                if status is None:  # hang up without a reply
+                    self.close_connection = True
+                    return
                 data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                 try:
                     self.send_response(status)
@@ -61,7 +64,7 @@ class _Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
-    def handle(self, path, headers, body):  # -> (status, payload, headers)
+    def handle(self, path, headers, body):  # -> (status, payload, headers); status None: hang up, no reply
         raise NotImplementedError
 
     def start(self):
@@ -128,15 +131,24 @@ class ScriptedChatServer(_Server):
 
 class FakeSearchServer(_Server):
     """POST /v1/search as `linearrag serve` speaks it, answered by ``search(questions, top_k, **settings)``
-    (a LinearRAG's search); requires "Authorization: Bearer api_key" when api_key is set."""
+    (a LinearRAG's search); requires "Authorization: Bearer api_key" when api_key is set. ``refusals``: the
+    first requests' answers instead, in order: (status, headers) or "hang up" (close without a reply)."""
 
-    def __init__(self, search, api_key: str | None = None, delay: float = 0.0):
+    def __init__(self, search, api_key: str | None = None, delay: float = 0.0, refusals=()):
         super().__init__()
         self.search, self.api_key, self.delay = search, api_key, delay
+        self.refusals = list(refusals)
 
     def handle(self, path, headers, body):
         if path != "/v1/search":
             return 404, {"detail": "Not Found"}, None
+        with self.lock:
+            refusal = self.refusals.pop(0) if self.refusals else None
+        if refusal == "hang up":
+            return None, None, None
+        if refusal is not None:
+            status, extra = refusal
+            return status, {"detail": f"scripted {status}"}, extra
         if self.delay:
             time.sleep(self.delay)
         auth = {k.lower(): v for k, v in headers.items()}.get("authorization")

@@ -1,12 +1,13 @@
 """SearchClient (linearrag_torch.client) against a real HTTP server speaking `linearrag serve`'s
 /v1/search schema, backed by the small index."""
 import asyncio
+import time
 
 import pytest
 
 pytest.importorskip("httpx")
 
-from linearrag_torch.client import SearchClient, SearchError  # noqa: E402
+from linearrag_torch.client import SearchClient, SearchError, retry_after_seconds  # noqa: E402
 
 from scripted_servers import FakeSearchServer, running  # noqa: E402
 
@@ -82,11 +83,74 @@ def test_errors_are_one_clear_line(server):
         SearchClient(server.url + "/nope").search(QS)
 
 
+def test_retry_after_header_forms():
+    assert retry_after_seconds("1") == 1.0 and retry_after_seconds(" 0.25 ") == 0.25
+    assert retry_after_seconds("-3") == 0.0  # never a negative wait
+    assert retry_after_seconds(None) is None and retry_after_seconds("soon") is None
+    now = 1_000_000_000.0  # 2001-09-09 01:46:40 UTC
+    assert retry_after_seconds("Sun, 09 Sep 2001 01:46:50 GMT", now=now) == pytest.approx(10.0)
+    assert retry_after_seconds("Sun, 09 Sep 2001 01:46:30 GMT", now=now) == 0.0  # already past
+
+
+def test_busy_server_is_retried_after_its_retry_after(small_rag):
+    """429 and 503 are sent again after the server's Retry-After; the answer is the one that finally came."""
+    refusals = [(429, {"Retry-After": "0"}), (503, {"Retry-After": "0.3"})]
+    with running(FakeSearchServer(small_rag.search, refusals=refusals)) as busy:
+        t0 = time.perf_counter()
+        with SearchClient(busy.url) as client:
+            remote = client.search(QS, top_k=3)
+        waited = time.perf_counter() - t0
+        assert len(busy.requests) == 3 and all(r["body"] == busy.requests[0]["body"] for r in busy.requests)
+    same_hits(remote, small_rag.search(QS, top_k=3))
+    assert waited >= 0.3  # the 503's Retry-After was honoured
+    refusals = [(429, {}), (429, {"Retry-After": "0"})]  # no Retry-After: its own backoff (0.5 s)
+    with running(FakeSearchServer(small_rag.search, refusals=refusals)) as busy:
+        t0 = time.perf_counter()
+        remote = asyncio.run(SearchClient(busy.url).asearch(QS, top_k=2))
+        assert time.perf_counter() - t0 >= 0.5 and len(busy.requests) == 3
+    same_hits(remote, small_rag.search(QS, top_k=2))
+
+
+def test_retries_are_bounded(small_rag):
+    refusals = [(429, {"Retry-After": "0"})] * 5
+    with running(FakeSearchServer(small_rag.search, refusals=refusals)) as busy:
+        with pytest.raises(SearchError) as info:
+            SearchClient(busy.url, retries=2).search(QS)
+        assert str(info.value) == f"linearrag server {busy.url}/v1/search: HTTP 429: scripted 429 (after 3 attempts)"
+        assert info.value.status == 429 and len(busy.requests) == 3
+        with pytest.raises(SearchError, match=r"HTTP 429: scripted 429$"):
+            SearchClient(busy.url, retries=0).search(QS)  # retries off: one request
+        assert len(busy.requests) == 4
+    with running(FakeSearchServer(small_rag.search, refusals=[(503, {"Retry-After": "120"})])) as loading:
+        t0 = time.perf_counter()
+        with pytest.raises(SearchError, match=r"HTTP 503: scripted 503 \(Retry-After '120' is longer than "
+                                              r"max_retry_wait 10 s\)$"):
+            SearchClient(loading.url).search(QS)
+        assert time.perf_counter() - t0 < 5 and len(loading.requests) == 1  # not waited
+    with running(FakeSearchServer(small_rag.search, refusals=[(500, {"Retry-After": "0"})])) as broken:
+        with pytest.raises(SearchError, match="HTTP 500"):
+            SearchClient(broken.url).search(QS)  # other statuses are not retried
+        assert len(broken.requests) == 1
+    with pytest.raises(ValueError, match="retries"):
+        SearchClient("http://127.0.0.1:1", retries=-1)
+
+
+def test_connection_closed_without_reply_is_retried(small_rag):
+    with running(FakeSearchServer(small_rag.search, refusals=["hang up"])) as flaky:
+        remote = SearchClient(flaky.url).search(QS, top_k=3)
+        assert len(flaky.requests) == 2
+    same_hits(remote, small_rag.search(QS, top_k=3))
+    with running(FakeSearchServer(small_rag.search, refusals=["hang up"] * 3)) as dead:
+        with pytest.raises(SearchError, match=r"request failed \(RemoteProtocolError: .*\) \(after 2 attempts\)$"):
+            asyncio.run(SearchClient(dead.url, retries=1).asearch(QS))
+        assert len(dead.requests) == 2
+
+
 def test_timeout_and_refused_connection(small_rag):
     with running(FakeSearchServer(small_rag.search, delay=1.0)) as slow:
         with pytest.raises(SearchError, match=r"/v1/search: no reply within the 0\.2 s timeout"):
             SearchClient(slow.url, timeout=0.2).search(QS)
-    with pytest.raises(SearchError, match="request failed"):
+    with pytest.raises(SearchError, match=r"request failed \(ConnectError: .*\) \(after 3 attempts\)"):
         SearchClient(slow.url, timeout=1).search(QS)  # the server is gone
 
 
