@@ -209,6 +209,29 @@ def test_overload_gets_429_with_retry_after_and_timeouts_504(small_rag):
         assert float(overloaded[0].split()[-1]) == codes.count(429)
 
 
+def test_a_full_server_refuses_before_reading_the_body(small_rag):
+    """Past max_concurrent the 429 comes before the body is read or checked (a refusal costs the least)."""
+    service = SlowService(None, ServeSettings(max_concurrent=1, max_batch_size=1, timeout=10), rag=small_rag)
+    with running(create_app(service)) as url:
+        wait_ready(url)
+        service.delay = 1.0
+
+        async def go():
+            async with httpx.AsyncClient(timeout=TIMEOUT) as client:
+                held = asyncio.create_task(client.post(url + "/v1/search", json={"question": "Who is held?"}))
+                while service.in_flight < 1:
+                    await asyncio.sleep(0.01)
+                bad = await client.post(url + "/v1/search", content=b'{"question": ')  # invalid JSON
+                return await held, bad
+
+        held, bad = asyncio.run(go())
+        service.delay = 0.0
+        assert held.status_code == 200
+        assert bad.status_code == 429 and bad.headers["retry-after"] == "1" and "in flight" in bad.text
+        r = httpx.post(url + "/v1/search", content=b'{"question": ', timeout=TIMEOUT)
+        assert r.status_code == 422  # with room again, the same body is read and refused for what it is
+
+
 def test_api_key_guards_every_route_but_health(small_rag):
     with serving(small_rag, api_key="s3cret") as (url, _):
         good = {"Authorization": "Bearer s3cret"}

@@ -339,10 +339,7 @@ class LinearRAGService:
     async def _admitted(self, work, req):
         """Run ``work(req)`` as one request in flight: 503 before the index is ready, 429 past max_concurrent,
         504 when its search is not answered within the timeout (the chat model has its own timeouts)."""
-        self._check_ready()
-        if self.in_flight >= self.settings.max_concurrent:
-            raise HTTPError(429, f"more than {self.settings.max_concurrent} requests in flight; retry shortly",
-                            "overloaded", {"Retry-After": "1"})
+        self.refuse_if_busy()
         self.in_flight += 1
         self.metrics.in_flight.inc()
         try:
@@ -358,6 +355,14 @@ class LinearRAGService:
             self.in_flight -= 1
             self.metrics.in_flight.dec()
             self.metrics.queued.set(self.batcher.queued)
+
+    def refuse_if_busy(self) -> None:
+        """503 before the index is ready, 429 (Retry-After: 1) while max_concurrent requests are in flight. The
+        routes call it before reading the body too, so that a refused request costs the least."""
+        self._check_ready()
+        if self.in_flight >= self.settings.max_concurrent:
+            raise HTTPError(429, f"more than {self.settings.max_concurrent} requests in flight; retry shortly",
+                            "overloaded", {"Retry-After": "1"})
 
     def _validate(self, body):
         try:
@@ -471,6 +476,7 @@ class LinearRAGService:
                                 "504": {"description": "not answered within the timeout"}})
         async def search(request: Request):
             async def work():
+                svc.refuse_if_busy()
                 return await svc.search(await svc.read_json(request))
             return await guarded("/v1/search", request, work)
 
@@ -481,6 +487,7 @@ class LinearRAGService:
                                 "503": {"description": "index not loaded yet, or no chat model configured"}})
         async def answer(request: Request):
             async def work():
+                svc.refuse_if_busy()
                 return await svc.answer(await svc.read_json(request))
             return await guarded("/v1/answer", request, work)
 
