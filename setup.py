@@ -8,7 +8,7 @@ EXTRAS = {
     "langchain": ["langchain-core>=0.2"],
     "llamaindex": ["llama-index-core>=0.10"],
     "haystack": ["haystack-ai>=2.0"],
-    "bench": ["matplotlib>=3.7", "bm25s>=0.2"],
+    "bench": ["matplotlib>=3.7", "bm25s>=0.2", "aiohttp>=3.9"],  # aiohttp: benchmarks.serve's clients
     "scatter": ["torch-scatter>=2.1"],  # optional accelerator; compiles from source
     "triton": ["triton>=3.0"],  # the CUDA kernels (CUDA torch wheels usually bring it); CPU: interpreter tests
     # `linearrag index|add --ray`: NER and encoding on a Ray cluster (ray_build.py); `linearrag serve --ray`:

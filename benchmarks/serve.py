@@ -35,10 +35,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import aiohttp
 import httpx
 import torch
 
 from benchmarks.common import machine
+from linearrag_torch.client import retry_after_seconds
 from linearrag_torch.corpus import read_questions
 from linearrag_torch.memory import status_bytes
 
@@ -126,9 +128,12 @@ class Server:
 
 # ------------------------------------------------------------------------------------------ the clients
 async def closed_loop(url: str, questions: list[str], clients: int, duration: float, max_requests: int,
-                      timeout: float, seed: int = 0, raw: bool = False) -> dict:
-    """``clients`` concurrent clients, each sending its next request when the last one is answered. ``raw``: the
-    result also holds the latencies themselves ("latencies_s", "second_half_s"), to merge several processes'."""
+                      timeout: float, seed: int = 0, raw: bool = False, retry_after: bool = True) -> dict:
+    """``clients`` concurrent clients, each sending its next request when the last one is answered; after a 429
+    a client waits the server's Retry-After (``retry_after``, as SearchClient does) or only 10 ms (a retry
+    storm). ``raw``: the result also holds the latencies themselves ("latencies_s", "second_half_s"), to merge
+    several processes'. The clients are aiohttp's: per request they cost ~30x less CPU than httpx's
+    AsyncClient (benchmarks/README.md), which matters where they share the server's cores."""
     rng = random.Random(seed)
     order = list(range(len(questions)))
     rng.shuffle(order)
@@ -137,9 +142,8 @@ async def closed_loop(url: str, questions: list[str], clients: int, duration: fl
     begin = time.perf_counter()
     sent = 0
     deadline = time.perf_counter() + duration
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
 
-    async def client(i: int, http: httpx.AsyncClient):
+    async def client(i: int, http: aiohttp.ClientSession):
         nonlocal sent
         n = i
         while time.perf_counter() < deadline and sent < max_requests:
@@ -148,19 +152,22 @@ async def closed_loop(url: str, questions: list[str], clients: int, duration: fl
             n += clients
             t0 = time.perf_counter()
             try:
-                r = await http.post(url + "/v1/search", json={"question": q})
-                statuses[str(r.status_code)] += 1
-                if r.status_code == 200:
+                async with http.post(url + "/v1/search", json={"question": q}) as r:
+                    await r.read()
+                statuses[str(r.status)] += 1
+                if r.status == 200:
                     latencies.append(time.perf_counter() - t0)
                     if t0 - begin >= duration / 2:
                         late.append(latencies[-1])
-                elif r.status_code == 429:
-                    await asyncio.sleep(0.01)  # keep the pressure on, without a busy loop
-            except httpx.HTTPError as exc:
+                elif r.status == 429:
+                    wait = retry_after_seconds(r.headers.get("Retry-After")) if retry_after else None
+                    await asyncio.sleep(0.01 if wait is None else wait)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 statuses[type(exc).__name__] += 1
 
     t0 = time.perf_counter()
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients),
+                                     timeout=aiohttp.ClientTimeout(total=timeout)) as http:
         await asyncio.gather(*(client(i, http) for i in range(clients)))
     row = _row(clients, time.perf_counter() - t0, statuses, latencies, late)
     if raw:
@@ -170,24 +177,26 @@ async def closed_loop(url: str, questions: list[str], clients: int, duration: fl
 
 def _one_process(job: tuple) -> dict:
     """A client process's share of a phase: waits for the common start time, then closed_loop (raw)."""
-    start_at, url, questions, clients, duration, max_requests, timeout, seed = job
+    start_at, url, questions, clients, duration, max_requests, timeout, seed, retry_after = job
     time.sleep(max(0.0, start_at - time.time()))
-    return asyncio.run(closed_loop(url, questions, clients, duration, max_requests, timeout, seed, raw=True))
+    return asyncio.run(closed_loop(url, questions, clients, duration, max_requests, timeout, seed, raw=True,
+                                   retry_after=retry_after))
 
 
 def load(url: str, questions: list[str], clients: int, duration: float, max_requests: int, timeout: float,
-         processes: int = 1) -> dict:
+         processes: int = 1, retry_after: bool = True) -> dict:
     """closed_loop's row for ``clients`` clients spread over ``processes`` client processes (forked, started
     together; one process's event loop serving hundreds of connections on a small machine was the bottleneck
     and the tail of the measurement, not the server: benchmarks/README.md). Latencies are merged."""
     processes = max(1, min(processes, clients))
     if processes == 1:
-        return asyncio.run(closed_loop(url, questions, clients, duration, max_requests, timeout))
+        return asyncio.run(closed_loop(url, questions, clients, duration, max_requests, timeout,
+                                       retry_after=retry_after))
     import multiprocessing
 
     shares = [clients // processes + (1 if i < clients % processes else 0) for i in range(processes)]
     start_at = time.time() + 1.0
-    jobs = [(start_at, url, questions, n, duration, max(1, max_requests // processes), timeout, i)
+    jobs = [(start_at, url, questions, n, duration, max(1, max_requests // processes), timeout, i, retry_after)
             for i, n in enumerate(shares)]
     ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     with ctx.Pool(processes) as pool:
@@ -228,7 +237,7 @@ def percentiles(latencies: list[float]) -> dict:
 def phase(server: Server, name: str, questions, clients, args) -> dict:
     before = server.metrics()
     row = load(server.url, questions, clients, args.duration, args.max_requests, args.timeout,
-               client_processes(clients, args.client_processes))
+               client_processes(clients, args.client_processes), retry_after=not args.retry_storm)
     after = server.metrics()
     calls = after.get("count", 0) - before.get("count", 0)
     row.update(phase=name, engine_calls=int(calls),
@@ -268,7 +277,8 @@ def run(args) -> dict:
     max_concurrent = max(args.concurrency)
     result = {"date": _dt.date.today().isoformat(), "index": str(args.index), "questions": str(args.questions),
               "n_questions": len(questions), "device": args.device, "duration_s": args.duration,
-              "server_args": args.server_args,
+              "server_args": args.server_args, "client": f"aiohttp {aiohttp.__version__}",
+              "after_429": "10 ms" if args.retry_storm else "Retry-After",
               "max_concurrent": max_concurrent, "overload_clients": args.overload_clients,
               "machine": machine(torch.device(args.device), torch.get_num_threads()),  # the server's threads: --server-args
               "modes": {}, "overload": None}
@@ -348,6 +358,8 @@ def main(argv=None) -> int:
     ap.add_argument("--server-log", type=Path, help="append the servers' output to this file")
     ap.add_argument("--client-processes", type=int, default=0,
                     help="client processes per phase (default 0: one per 32 clients, at most 8)")
+    ap.add_argument("--retry-storm", action="store_true",
+                    help="after a 429, clients wait 10 ms instead of the server's Retry-After")
     ap.add_argument("--server-args", default="", help='more `linearrag serve` flags for both servers, e.g. "--threads 1"')
     args = ap.parse_args(argv)
     if args.overload_clients <= max(args.concurrency):

@@ -424,6 +424,7 @@ def test_serve_command_refuses_a_folder_without_an_index(tmp_path):
 
 def test_serve_benchmark_end_to_end(small_index_dir, small_questions, tmp_path):
     """benchmarks.serve on tiny phases: both server modes, overload and recovery, JSON and plot."""
+    pytest.importorskip("aiohttp")  # its clients
     from conftest import write_jsonl
 
     qfile = write_jsonl(tmp_path / "questions.jsonl", small_questions)
