@@ -182,11 +182,18 @@ class SlowService(LinearRAGService):
         return super()._run_batch(key, questions)
 
 
-def test_overload_gets_429_with_retry_after_and_timeouts_504(small_rag):
-    service = SlowService(None, ServeSettings(max_concurrent=2, max_batch_size=1, timeout=0.5), rag=small_rag)
+@contextmanager
+def slow_serving(rag, delay: float, **settings):
+    """A running SlowService (ready) whose engine calls then take ``delay`` s longer: (url, service)."""
+    service = SlowService(None, ServeSettings(**settings), rag=rag)
     with running(create_app(service)) as url:
         wait_ready(url)
-        service.delay = 0.4
+        service.delay = delay
+        yield url, service
+
+
+def test_overload_gets_429_with_retry_after_and_timeouts_504(small_rag):
+    with slow_serving(small_rag, 0.4, max_concurrent=2, max_batch_size=1, timeout=0.5) as (url, service):
 
         async def burst():
             async with httpx.AsyncClient(timeout=TIMEOUT) as client:
@@ -211,10 +218,7 @@ def test_overload_gets_429_with_retry_after_and_timeouts_504(small_rag):
 
 def test_a_full_server_refuses_before_reading_the_body(small_rag):
     """Past max_concurrent the 429 comes before the body is read or checked (a refusal costs the least)."""
-    service = SlowService(None, ServeSettings(max_concurrent=1, max_batch_size=1, timeout=10), rag=small_rag)
-    with running(create_app(service)) as url:
-        wait_ready(url)
-        service.delay = 1.0
+    with slow_serving(small_rag, 1.0, max_concurrent=1, max_batch_size=1, timeout=10) as (url, service):
 
         async def go():
             async with httpx.AsyncClient(timeout=TIMEOUT) as client:
