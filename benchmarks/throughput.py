@@ -11,7 +11,8 @@ search calls (stages plus input checks and hit lists). Each batch size times the
 repeats flatter it); one batch is run first as a warm-up (models loaded, index prepared). The exact float32 encoder always runs; ``--onnx`` adds it on
 ONNX Runtime (``encoder_backend="onnx"``), ``--bf16`` the bf16-autocast
 question encoder (``quantize="bfloat16"``), ``--int8`` the int8 encoder (``LinearRAG.load(..., quantize="int8")``) and ``--no-reuse`` the path that encodes every entity string
-again instead of taking the index's stored vectors.
+again instead of taking the index's stored vectors; ``--ner-processes N`` the exact (and bf16) path again with
+spaCy NER in N worker processes.
 """
 from __future__ import annotations
 
@@ -79,6 +80,10 @@ def run(args) -> dict:
         variants.append(("onnx", {"encoder_backend": "onnx"}, {}))
     if args.int8:
         variants.append(("int8", {"quantize": "int8"}, {}))
+    if args.ner_processes:  # the exact (and bf16) path again with NER in worker processes
+        k = args.ner_processes
+        variants += [(f"{name}+ner{k}", kw, {**opts, "ner_processes": k}) for name, kw, opts in list(variants)
+                     if name in ("exact", "bfloat16")]
     result = {
         "index": str(args.index), "questions_files": [str(f) for f in args.questions], "questions": len(questions),
         "batch_sizes": args.batch_sizes, "device": args.device, "torch_threads": torch.get_num_threads(),
@@ -92,6 +97,8 @@ def run(args) -> dict:
         rag = LinearRAG.load(args.index, device=args.device, **load_kw)
         if opts.get("reuse") is False:
             rag.reuse_index_vectors = False
+        if opts.get("ner_processes"):
+            rag.start_ner_processes(opts["ner_processes"])
         for b in args.batch_sizes:
             n = max(b, args.min_questions)
             ms = measure(rag, questions, b, n, args.repeat, args.clock)
@@ -103,6 +110,7 @@ def run(args) -> dict:
             result["rows"].append(row)
             print(f"{name:<15} batch {b:>4}: " + "  ".join(f"{c} {ms[c]:7.2f}" for c in COLUMNS) + "  ms/question",
                   flush=True)
+        rag.close()
         del rag
     result["load_avg_end"] = load_avg()
     return result
@@ -164,8 +172,13 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
                     help="wall time, or the process's CPU time (steadier on shared cores; counts every thread)")
+    ap.add_argument("--ner-processes", type=int, default=0,
+                    help="also time the exact (and --bf16) path with NER in this many worker processes "
+                         "(LinearRAG.start_ner_processes); wall clock only")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
+    if args.ner_processes and args.clock == "cpu":
+        ap.error("--ner-processes needs --clock wall: this process's CPU time leaves out the worker processes'")
     result = run(args)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

@@ -72,6 +72,7 @@ class LinearRAG:
         self.reuse_index_vectors = True  # the default of encode_queries(reuse_index_vectors=...)
         self._nlp = nlp
         self._encoder = encoder
+        self._ner_pool = None  # nlp.NERPool (start_ner_processes)
         self._graph = None
         self._pipeline = None
 
@@ -144,6 +145,30 @@ class LinearRAG:
             self._nlp = _load_nlp(self.index.index_config)
         return self._nlp
 
+    def start_ner_processes(self, processes: int):
+        """Run the questions' spaCy NER in ``processes`` worker processes that stay up (nlp.NERPool: each loads
+        the index's spaCy model, IndexConfig.spacy_model; a batch of fewer than 8 questions still runs here).
+        For machines with cores to spare while NER runs; the entities are those of this process's NER.
+        0 stops them. Returns the pool (or None). close() stops it too."""
+        from .nlp import NERPool
+
+        self.close()
+        if processes > 0:
+            self.nlp  # noqa: B018 (a model that cannot load fails here, with its name, not in a worker)
+            self._ner_pool = NERPool(self.index.index_config.spacy_model, processes)
+        return self._ner_pool
+
+    @property
+    def ner_pool(self):
+        """The NER worker processes (nlp.NERPool) of start_ner_processes, or None."""
+        return self._ner_pool
+
+    def close(self) -> None:
+        """Stop the NER worker processes, if any (the rest needs no closing)."""
+        pool, self._ner_pool = self._ner_pool, None
+        if pool is not None:
+            pool.close()
+
     @property
     def encoder(self):
         """The question encoder (``quantize`` in __init__)."""
@@ -170,8 +195,9 @@ class LinearRAG:
         from .pipeline import QuestionPipeline
 
         p = self._pipeline
-        if p is None or p.index is not self.index or p.nlp is not self.nlp or p.encoder is not self.encoder:
-            p = self._pipeline = QuestionPipeline(self.index, self.nlp, self.encoder)
+        if (p is None or p.index is not self.index or p.nlp is not self.nlp or p.encoder is not self.encoder
+                or p.ner_pool is not self._ner_pool):
+            p = self._pipeline = QuestionPipeline(self.index, self.nlp, self.encoder, self._ner_pool)
         return p
 
     @property

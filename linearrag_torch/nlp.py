@@ -118,6 +118,83 @@ def question_entities(nlp: Language, questions: Sequence[str], dropped_labels: S
     return out
 
 
+class NERPool:
+    """spaCy NER of question batches in ``processes`` worker processes that stay up (each loads ``model``, a
+    spaCy package name or folder, as load_spacy does). spaCy runs on one core per process: on a machine with
+    idle cores during that stage (a GPU server; the engine thread of `linearrag serve`, whose torch work waits
+    for the entities) a batch's NER time falls about as the cores it gets. ``entities`` splits a batch into
+    one contiguous part per process (at least ``min_part`` questions each; a smaller batch runs in this
+    process) and gives what question_entities gives (tested). spaCy's own ``nlp.pipe(n_process=...)``
+    starts its processes on every call (seconds), so it is no use per batch. The processes are started
+    with "spawn" (a process that runs torch must not fork) and stopped by close() or at exit."""
+
+    def __init__(self, model: str, processes: int, min_part: int = 8):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        if processes < 1:
+            raise ValueError(f"NERPool needs at least 1 process, got {processes}")
+        self.model, self.processes, self.min_part = model, int(processes), max(1, int(min_part))
+        self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=_pool_init, initargs=(model,))
+        try:  # every process loads the model now (and a bad model fails here, not in the first batch)
+            list(self._pool.map(_pool_ready, range(self.processes), chunksize=1))
+        except BaseException:
+            self.close()
+            raise
+
+    def parts(self, n: int) -> int:
+        """Into how many parts a batch of ``n`` questions is split (1: it runs in the calling process)."""
+        return max(1, min(self.processes, n // self.min_part))
+
+    def entities(self, nlp: Language, questions: Sequence[str], dropped_labels: Sequence[str]) -> list[list[str]]:
+        """question_entities over the worker processes (``nlp``, the same pipeline in this process, answers a
+        batch too small to split, and the batch of a pool that was closed or whose process died)."""
+        k = self.parts(len(questions))
+        if k == 1 or self._pool is None:
+            return question_entities(nlp, questions, dropped_labels)
+        size = -(-len(questions) // k)
+        chunks = [list(questions[i:i + size]) for i in range(0, len(questions), size)]
+        try:
+            parts = list(self._pool.map(_pool_entities, chunks, [tuple(dropped_labels)] * len(chunks)))
+        except Exception as exc:  # noqa: BLE001 - a worker died (BrokenProcessPool) or the pool is shut down
+            import logging
+
+            logging.getLogger("linearrag").warning("NER worker processes failed (%s: %s); NER runs in this process "
+                                                   "from now on", type(exc).__name__, exc)
+            self.close()
+            return question_entities(nlp, questions, dropped_labels)
+        return [ents for part in parts for ents in part]
+
+    def close(self) -> None:
+        pool, self._pool = getattr(self, "_pool", None), None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    @property
+    def running(self) -> bool:
+        return self._pool is not None
+
+    def __repr__(self) -> str:
+        return f"NERPool({self.model!r}, processes={self.processes}, running={self.running})"
+
+
+_WORKER_NLP: Language | None = None  # the pipeline of a NERPool worker process
+
+
+def _pool_init(model: str) -> None:
+    global _WORKER_NLP
+    _WORKER_NLP = load_spacy(model)
+
+
+def _pool_ready(_: int) -> bool:
+    return _WORKER_NLP is not None
+
+
+def _pool_entities(questions: list, dropped_labels: tuple) -> list[list[str]]:
+    return question_entities(_WORKER_NLP, questions, dropped_labels)
+
+
 def _analyse_doc(doc: Doc, dropped: set) -> PassageAnalysis:
     text = doc.text
     starts: list[int] = []  # start character of every kept sentence

@@ -108,10 +108,11 @@ class IndexEntityVectors:
 class QuestionPipeline:
     """Questions -> EncodedQueries for one index, its spaCy pipeline and its encoder (see the module doc)."""
 
-    def __init__(self, index, nlp, encoder):
+    def __init__(self, index, nlp, encoder, ner_pool=None):
         self.index = index
         self.nlp = nlp
         self.encoder = encoder
+        self.ner_pool = ner_pool  # nlp.NERPool or None
         self._lexicon = None
         self._vectors = None
 
@@ -135,7 +136,11 @@ class QuestionPipeline:
         from .nlp import question_entities
 
         with stage(timings, "ner"):
-            ents = question_entities(self.nlp, questions, self.index.index_config.dropped_labels)
+            dropped = self.index.index_config.dropped_labels
+            if self.ner_pool is not None:
+                ents = self.ner_pool.entities(self.nlp, questions, dropped)
+            else:
+                ents = question_entities(self.nlp, questions, dropped)
         if lexicon_seeds:
             with stage(timings, "lexicon"):
                 lex = self.lexicon

@@ -162,6 +162,23 @@ def test_throughput_benchmark_end_to_end(small_index_dir, small_questions, tmp_p
     assert out.with_suffix(".png").stat().st_size > 0
 
 
+def test_throughput_benchmark_with_ner_processes(small_index_dir, tmp_path):
+    from conftest import demo_questions
+
+    qfile = tmp_path / "q.jsonl"
+    qfile.write_text("".join(json.dumps({"question": q["question"]}) + "\n" for q in demo_questions()))
+    out = tmp_path / "throughput.json"
+    cmd = [sys.executable, "-m", "benchmarks.throughput", "--index", str(small_index_dir), "--questions", str(qfile),
+           "--json", str(out), "--batch-sizes", "32", "--min-questions", "32", "--ner-processes", "2"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["encoder"], r["batch"]) for r in rows] == [("exact", 32), ("exact+ner2", 32)]
+    assert all(r["ms_per_question"]["ner"] > 0 for r in rows)
+    bad = subprocess.run(cmd + ["--clock", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--ner-processes needs --clock wall" in bad.stderr
+
+
 def test_cli_query_with_int8_encoder_and_one_thread(small_index_dir, small_questions, capsys):
     from linearrag_torch.cli import main
 

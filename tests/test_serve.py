@@ -107,6 +107,23 @@ def test_results_equal_rag_search(small_rag, small_questions):
         assert_same([as_pairs(paper[0]["hits"])], expected(small_rag, [qs[1]], mode="paper", delta=0.3))
 
 
+def test_ner_worker_processes_give_the_same_results(small_rag):
+    """--ner-processes 2: a batch of 40 questions has its NER split over two worker processes, with the hits of
+    NER on the engine thread; the service stops the processes when it stops."""
+    from conftest import demo_questions
+
+    qs = [q["question"] for q in demo_questions()]
+    want = expected(small_rag, qs, top_k=3)  # before the service starts the pool on small_rag
+    with serving(small_rag, ner_processes=2) as (url, service):
+        pool = small_rag.ner_pool
+        assert pool is not None and pool.running and pool.processes == 2
+        r = httpx.post(url + "/v1/search", json={"questions": qs, "top_k": 3}, timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        assert_same([as_pairs(x["hits"]) for x in r.json()["results"]], want)
+        assert httpx.get(url + "/info", timeout=TIMEOUT).json()["server"]["ner_processes"] == 2
+    assert not pool.running and small_rag.ner_pool is None
+
+
 def test_an_answer_does_not_depend_on_the_batch_it_rode_in(small_rag, small_questions):
     qs = [q["question"] for q in small_questions]
     alone = [expected(small_rag, [q], top_k=5)[0] for q in qs]
@@ -344,15 +361,19 @@ def test_a_corrupt_index_is_refused_and_the_old_one_keeps_serving(small_rag, sma
 
 
 def test_watch_follows_a_committed_update(small_rag, small_index_dir, tmp_path):
+    """(With NER worker processes: the reloaded index, of the same spaCy model, keeps them.)"""
     folder = copy_index(small_index_dir, tmp_path / "index")
-    with serving(small_rag, folder, watch=0.1) as (url, service):
-        before = service.fingerprint
+    with serving(small_rag, folder, watch=0.1, ner_processes=1) as (url, service):
+        before, pool = service.fingerprint, service.rag.ner_pool
         LinearRAG(small_rag.index, "cpu").delete([small_rag.index.passage_ids[0]]).save(folder)
         deadline = time.monotonic() + TIMEOUT
         while httpx.get(url + "/health").json()["fingerprint"] == before:
             assert time.monotonic() < deadline, "the watcher did not reload"
             time.sleep(0.1)
         assert httpx.get(url + "/info").json()["index"]["passages"] == small_rag.index.num_passages - 1
+        assert service.rag is not small_rag and service.rag.ner_pool is pool and pool.running
+        assert small_rag.ner_pool is None  # handed over
+    assert not pool.running  # stopped with the service
 
 
 # ------------------------------------------------------------------------------------------ embedding

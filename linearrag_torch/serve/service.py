@@ -170,6 +170,8 @@ class LinearRAGService:
                 pass
         self._tasks.clear()
         await self.batcher.stop()
+        if self.rag is not None and self.settings.ner_processes:
+            self.rag.close()  # the NER worker processes this service started
 
     @asynccontextmanager
     async def lifespan(self, app=None):
@@ -187,6 +189,8 @@ class LinearRAGService:
             elif self.index_dir is not None:
                 self.fingerprint = _index_fingerprint(self.index_dir)
             self._configure(self.rag)
+            if self.settings.ner_processes and self.rag.ner_pool is None:
+                await self.batcher.call(self.rag.start_ner_processes, self.settings.ner_processes)
             await self.batcher.call(self._warm, self.rag)
             self.loaded_at = time.time()
             self.ready = True
@@ -212,6 +216,10 @@ class LinearRAGService:
                 rag._encoder = like._encoder
             if (old.spacy_model, tuple(old.dropped_labels)) == (new.spacy_model, tuple(new.dropped_labels)):
                 rag._nlp = like._nlp
+            if old.spacy_model == new.spacy_model:
+                rag._ner_pool = like.ner_pool  # the NER worker processes load the model by name
+        if self.settings.ner_processes and rag.ner_pool is None and like is not None:
+            rag.start_ner_processes(self.settings.ner_processes)
         self._configure(rag)
         rag.graph  # noqa: B018 (device tensors prepared here, not in the first batch)
         return rag
@@ -254,7 +262,12 @@ class LinearRAGService:
 
     def _swap(self, rag) -> None:
         self._warm(rag)
-        self.rag = rag
+        old, self.rag = self.rag, rag
+        if old is not None and old.ner_pool is not None:
+            if old.ner_pool is rag.ner_pool:
+                old._ner_pool = None  # the NER worker processes now belong to the new index
+            else:
+                old.close()  # its NER worker processes load another spaCy model
 
     # ------------------------------------------------------------------ reload
     async def reload(self) -> dict:

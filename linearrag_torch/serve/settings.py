@@ -49,6 +49,9 @@ class ServeSettings:
     encoder_backend: str = _f("torch", "where the question encoder runs: torch, or onnx (float32 on ONNX Runtime, "
                                        "CPU only, extra [onnx]: the same vectors to float noise, its encoder stage "
                                        "~1.2-1.3x faster)", choices=ENCODER_BACKENDS)
+    ner_processes: int = _f(0, "run the questions' spaCy NER in this many worker processes (a batch of 16 or more "
+                               "questions is split over them; ~340 MB each): for cores that idle while NER runs, "
+                               "as on a GPU server (0: NER on the engine thread)")
     graceful_timeout: float = _f(30.0, "on SIGTERM, seconds to let requests in flight finish")
     log_level: str = _f("info", "uvicorn log level", choices=("critical", "error", "warning", "info", "debug"))
 
@@ -62,6 +65,8 @@ class ServeSettings:
         for name in ("max_wait_ms", "gather_ms", "watch"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.ner_processes < 0:
+            raise ValueError(f"ner_processes must be >= 0, got {self.ner_processes}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.timeout <= 0 or self.graceful_timeout < 0:
