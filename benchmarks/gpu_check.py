@@ -41,10 +41,10 @@ from linearrag_torch.synthetic import random_queries  # noqa: E402
 DATE = "2026-11-30"
 FULL = {"copy_bytes": 1 << 30, "agree_passages": 50_000, "agree_batch": 64, "kernel_passages": 1_000_000,
         "kernel_batch": 256, "argmax_size": 1 << 24, "sizes": [100_000, 1_000_000, 3_000_000], "batches": [1, 64, 1024],
-        "question_passages": None, "question_batches": [1, 64, 256, 1024]}
+        "question_passages": None, "question_batches": [1, 64, 256, 1024], "question_ner_processes": None}
 SMOKE = {"copy_bytes": 1 << 24, "agree_passages": 1_500, "agree_batch": 8, "kernel_passages": 3_000,
          "kernel_batch": 8, "argmax_size": 1 << 15, "sizes": [2_000, 6_000], "batches": [1, 8],
-         "question_passages": 25, "question_batches": [1, 4]}
+         "question_passages": 25, "question_batches": [1, 16], "question_ner_processes": 1}
 
 
 class Clock:
@@ -143,7 +143,7 @@ def timing(device, sizes, batches, clock: Clock, copy_gbs: float, log) -> list:
     return rows
 
 
-def question_path(device, corpus, questions_file, max_passages, batches, log) -> dict:
+def question_path(device, corpus, questions_file, max_passages, batches, log, workers=None) -> dict:
     """Section 5: index ``corpus`` with the device's encoder, then time rag.search end to end and by stage
     (wall time, synchronised) at each batch size; top-k of the device against the CPU on that index."""
     from linearrag_torch import LinearRAG
@@ -164,28 +164,44 @@ def question_path(device, corpus, questions_file, max_passages, batches, log) ->
     log(f"  indexed {len(passages)} passages on {device} in {build_s:.1f} s ({len(passages) / build_s:.1f} passages/s, "
         f"NER in {cores} processes: " + ", ".join(f"{k} {v:.1f} s" for k, v in stages.items()) + ")")
     rag.search(qs[:8])  # warm-up: models, PageRank operator, kernels
-    rows = []
-    for b in batches:
-        batch = [qs[i % len(qs)] for i in range(b)]
-        rag.search(batch)
-        timings = StageTimings()
-        reps = max(1, min(20, 1024 // b))
-        sync(device)
-        t = time.perf_counter()
-        for _ in range(reps):
-            rag.search(batch, timings=timings)
-        sync(device)
-        el = (time.perf_counter() - t) / reps
-        rows.append({"batch": b, "ms_per_question": 1000 * el / b, "questions_per_s": b / el,
-                     **{f"{k}_ms_per_question": 1000 * v / reps / b for k, v in timings.items()}})
-        log(f"  batch {b:5d}: {b / el:9.1f} questions/s  " +
-            "  ".join(f"{k} {1000 * v / reps / b:.2f}" for k, v in timings.items()) + " ms/question")
+
+    def time_batches(sizes, label=""):
+        rows = []
+        for b in sizes:
+            batch = [qs[i % len(qs)] for i in range(b)]
+            rag.search(batch)
+            timings = StageTimings()
+            reps = max(1, min(20, 1024 // b))
+            sync(device)
+            t = time.perf_counter()
+            for _ in range(reps):
+                rag.search(batch, timings=timings)
+            sync(device)
+            el = (time.perf_counter() - t) / reps
+            rows.append({"batch": b, "ms_per_question": 1000 * el / b, "questions_per_s": b / el,
+                         **{f"{k}_ms_per_question": 1000 * v / reps / b for k, v in timings.items()}})
+            log(f"  batch {b:5d}{label}: {b / el:9.1f} questions/s  " +
+                "  ".join(f"{k} {1000 * v / reps / b:.2f}" for k, v in timings.items()) + " ms/question")
+        return rows
+
+    rows = time_batches(batches)
+    # the question path's NER on one core bounds questions/s; the largest batches again with it split over
+    # ``workers`` worker processes (LinearRAG.start_ner_processes; None: up to 8, leaving two cores to this one)
+    workers = max(0, min(8, cores - 2)) if workers is None else workers
+    rows_workers = []
+    if workers:
+        rag.start_ner_processes(workers)
+        try:
+            rows_workers = time_batches(batches[-2:], f", NER in {workers} processes")
+        finally:
+            rag.close()
     n = min(len(qs), 256)
     on_device = rag.search(qs[:n])
     cpu = LinearRAG(rag.index, "cpu").search(qs[:n])
     same = sum([h.id for h in a] == [h.id for h in c] for a, c in zip(on_device, cpu))
     return {"passages": len(passages), "build_s": build_s, "passages_per_s": len(passages) / build_s,
-            "ner_processes": cores, "build_stages_s": stages, "rows": rows, "top_k_same_as_cpu": same, "compared": n}
+            "ner_processes": cores, "build_stages_s": stages, "rows": rows, "top_k_same_as_cpu": same, "compared": n,
+            "question_ner_processes": workers, "rows_question_ner_processes": rows_workers}
 
 
 def parse_args(argv=None):
@@ -250,7 +266,7 @@ def run(device, sizes, seed, clock: Clock, out: dict, path: Path, args=None) -> 
     section("timing", lambda: timing(device, sizes["sizes"], sizes["batches"], clock, copy_gbs or 0.0, log))
     if args is not None and (clock.left() > 0 or args.smoke):
         section("questions", lambda: question_path(device, args.corpus, args.questions, sizes["question_passages"],
-                                                   sizes["question_batches"], log))
+                                                   sizes["question_batches"], log, sizes["question_ner_processes"]))
 
 
 def report(out: dict, path: Path, clock: Clock) -> int:

@@ -145,17 +145,18 @@ class LinearRAG:
             self._nlp = _load_nlp(self.index.index_config)
         return self._nlp
 
-    def start_ner_processes(self, processes: int):
+    def start_ner_processes(self, processes: int, caller_part: bool = True):
         """Run the questions' spaCy NER in ``processes`` worker processes that stay up (nlp.NERPool: each loads
-        the index's spaCy model, IndexConfig.spacy_model; a batch of fewer than 8 questions still runs here).
-        For machines with cores to spare while NER runs; the entities are those of this process's NER.
-        0 stops them. Returns the pool (or None). close() stops it too."""
+        the index's spaCy model, IndexConfig.spacy_model), beside this process (``caller_part``: it takes a part
+        of each batch too). A batch of fewer than 16 questions still runs here alone. For machines with cores to
+        spare while NER runs; the entities are those of this process's NER. 0 stops them. Returns the pool (or
+        None). close() stops it too."""
         from .nlp import NERPool
 
         self.close()
         if processes > 0:
             self.nlp  # noqa: B018 (a model that cannot load fails here, with its name, not in a worker)
-            self._ner_pool = NERPool(self.index.index_config.spacy_model, processes)
+            self._ner_pool = NERPool(self.index.index_config.spacy_model, processes, caller_part=caller_part)
         return self._ner_pool
 
     @property

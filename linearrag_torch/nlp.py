@@ -120,21 +120,24 @@ def question_entities(nlp: Language, questions: Sequence[str], dropped_labels: S
 
 class NERPool:
     """spaCy NER of question batches in ``processes`` worker processes that stay up (each loads ``model``, a
-    spaCy package name or folder, as load_spacy does). spaCy runs on one core per process: on a machine with
-    idle cores during that stage (a GPU server; the engine thread of `linearrag serve`, whose torch work waits
-    for the entities) a batch's NER time falls about as the cores it gets. ``entities`` splits a batch into
-    one contiguous part per process (at least ``min_part`` questions each; a smaller batch runs in this
-    process) and gives what question_entities gives (tested). spaCy's own ``nlp.pipe(n_process=...)``
-    starts its processes on every call (seconds), so it is no use per batch. The processes are started
-    with "spawn" (a process that runs torch must not fork) and stopped by close() or at exit."""
+    spaCy package name or folder, as load_spacy does), beside the calling process. spaCy runs on one core per
+    process: where cores idle while NER runs (a GPU server; the engine thread of `linearrag serve`, whose torch
+    work waits for the entities) a batch's NER time falls about as the cores it gets. ``entities`` splits a
+    batch into contiguous parts of at least ``min_part`` questions, one per worker and (``caller_part``) one
+    for the calling process (a smaller batch runs in the calling process alone), and gives what
+    question_entities gives (tested). Without the caller's part the calling thread only waits, so a server's
+    event loop in the same process keeps the interpreter meanwhile. spaCy's own ``nlp.pipe(n_process=...)`` starts its processes on every call (seconds), so it is
+    no use per batch. The processes are started with "spawn" (a process that runs torch must not fork) and
+    stopped by close() or at exit."""
 
-    def __init__(self, model: str, processes: int, min_part: int = 8):
+    def __init__(self, model: str, processes: int, min_part: int = 8, caller_part: bool = True):
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
         if processes < 1:
             raise ValueError(f"NERPool needs at least 1 process, got {processes}")
         self.model, self.processes, self.min_part = model, int(processes), max(1, int(min_part))
+        self.caller_part = bool(caller_part)
         self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
                                          initializer=_pool_init, initargs=(model,))
         try:  # every process loads the model now (and a bad model fails here, not in the first batch)
@@ -145,26 +148,37 @@ class NERPool:
 
     def parts(self, n: int) -> int:
         """Into how many parts a batch of ``n`` questions is split (1: it runs in the calling process)."""
-        return max(1, min(self.processes, n // self.min_part))
+        return max(1, min(self.processes + self.caller_part, n // self.min_part))
 
     def entities(self, nlp: Language, questions: Sequence[str], dropped_labels: Sequence[str]) -> list[list[str]]:
-        """question_entities over the worker processes (``nlp``, the same pipeline in this process, answers a
-        batch too small to split, and the batch of a pool that was closed or whose process died)."""
+        """question_entities, the batch split over the calling process (with ``nlp``, the same pipeline) and the
+        workers. A batch too small to split, and every batch of a pool that was closed or whose process died,
+        runs in the calling process alone."""
         k = self.parts(len(questions))
         if k == 1 or self._pool is None:
             return question_entities(nlp, questions, dropped_labels)
         size = -(-len(questions) // k)
         chunks = [list(questions[i:i + size]) for i in range(0, len(questions), size)]
+        dropped = tuple(dropped_labels)
+        mine = chunks[:1] if self.caller_part else []
         try:
-            parts = list(self._pool.map(_pool_entities, chunks, [tuple(dropped_labels)] * len(chunks)))
-        except Exception as exc:  # noqa: BLE001 - a worker died (BrokenProcessPool) or the pool is shut down
-            import logging
+            futures = [self._pool.submit(_pool_entities, c, dropped) for c in chunks[len(mine):]]
+        except Exception as exc:  # noqa: BLE001 - the pool is broken or shut down
+            return self._failed(exc, nlp, questions, dropped)
+        first = [ents for c in mine for ents in question_entities(nlp, c, dropped)]
+        try:
+            rest = [f.result() for f in futures]
+        except Exception as exc:  # noqa: BLE001 - a worker died (BrokenProcessPool)
+            return self._failed(exc, nlp, questions, dropped)
+        return first + [ents for part in rest for ents in part]
 
-            logging.getLogger("linearrag").warning("NER worker processes failed (%s: %s); NER runs in this process "
-                                                   "from now on", type(exc).__name__, exc)
-            self.close()
-            return question_entities(nlp, questions, dropped_labels)
-        return [ents for part in parts for ents in part]
+    def _failed(self, exc, nlp, questions, dropped):
+        import logging
+
+        logging.getLogger("linearrag").warning("NER worker processes failed (%s: %s); NER runs in this process "
+                                               "from now on", type(exc).__name__, exc)
+        self.close()
+        return question_entities(nlp, questions, dropped)
 
     def close(self) -> None:
         pool, self._pool = getattr(self, "_pool", None), None
@@ -176,7 +190,8 @@ class NERPool:
         return self._pool is not None
 
     def __repr__(self) -> str:
-        return f"NERPool({self.model!r}, processes={self.processes}, running={self.running})"
+        return (f"NERPool({self.model!r}, processes={self.processes}, caller_part={self.caller_part}, "
+                f"running={self.running})")
 
 
 _WORKER_NLP: Language | None = None  # the pipeline of a NERPool worker process

@@ -17,7 +17,10 @@ def test_gpu_check_smoke_mode_on_cpu(tmp_path):
         assert "error" not in res["sections"][name], res["sections"][name].get("traceback")
     assert res["sections"]["agreement"]["result"]["ok"]
     q = res["sections"]["questions"]["result"]  # the whole question path on a real (tiny) index
-    assert [r["batch"] for r in q["rows"]] == [1, 4] and all(r["questions_per_s"] > 0 for r in q["rows"])
+    assert [r["batch"] for r in q["rows"]] == [1, 16] and all(r["questions_per_s"] > 0 for r in q["rows"])
+    workers = q["rows_question_ner_processes"]  # the batches again with NER in a worker process
+    assert q["question_ner_processes"] == 1 and [r["batch"] for r in workers] == [1, 16]
+    assert all(r["questions_per_s"] > 0 for r in workers)
     assert q["top_k_same_as_cpu"] == q["compared"] > 0
     assert q["passages_per_s"] > 0 and {"ner", "embed_passages", "embed_entities"} <= set(q["build_stages_s"])
     assert {r["batch"] for r in res["sections"]["timing"]["result"]} == {1, 8}

@@ -116,7 +116,7 @@ def test_ner_worker_processes_give_the_same_results(small_rag):
     want = expected(small_rag, qs, top_k=3)  # before the service starts the pool on small_rag
     with serving(small_rag, ner_processes=2) as (url, service):
         pool = small_rag.ner_pool
-        assert pool is not None and pool.running and pool.processes == 2
+        assert pool is not None and pool.running and pool.processes == 2 and not pool.caller_part
         r = httpx.post(url + "/v1/search", json={"questions": qs, "top_k": 3}, timeout=TIMEOUT)
         assert r.status_code == 200, r.text
         assert_same([as_pairs(x["hits"]) for x in r.json()["results"]], want)

@@ -190,7 +190,7 @@ class LinearRAGService:
                 self.fingerprint = _index_fingerprint(self.index_dir)
             self._configure(self.rag)
             if self.settings.ner_processes and self.rag.ner_pool is None:
-                await self.batcher.call(self.rag.start_ner_processes, self.settings.ner_processes)
+                await self.batcher.call(self._start_ner_processes, self.rag)
             await self.batcher.call(self._warm, self.rag)
             self.loaded_at = time.time()
             self.ready = True
@@ -219,7 +219,7 @@ class LinearRAGService:
             if old.spacy_model == new.spacy_model:
                 rag._ner_pool = like.ner_pool  # the NER worker processes load the model by name
         if self.settings.ner_processes and rag.ner_pool is None and like is not None:
-            rag.start_ner_processes(self.settings.ner_processes)
+            self._start_ner_processes(rag)
         self._configure(rag)
         rag.graph  # noqa: B018 (device tensors prepared here, not in the first batch)
         return rag
@@ -240,6 +240,12 @@ class LinearRAGService:
             return self._load_rag(like)
         finally:
             torch.set_num_threads(threads)
+
+    def _start_ner_processes(self, rag) -> None:
+        """--ner-processes workers take all of a batch's NER: the engine thread waits for them without the
+        interpreter lock, which the event loop then has to itself (with the engine thread taking a part, as
+        LinearRAG does by default, the server gained less: benchmarks/README.md)."""
+        rag.start_ner_processes(self.settings.ner_processes, caller_part=False)
 
     def _configure(self, rag) -> None:
         if self.settings.memory_budget:
