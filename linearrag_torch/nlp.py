@@ -126,9 +126,9 @@ class NERPool:
     batch into contiguous parts of at least ``min_part`` questions, one per worker and (``caller_part``) one
     for the calling process (a smaller batch runs in the calling process alone), and gives what
     question_entities gives (tested). Without the caller's part the calling thread only waits, so a server's
-    event loop in the same process keeps the interpreter meanwhile. spaCy's own ``nlp.pipe(n_process=...)`` starts its processes on every call (seconds), so it is
-    no use per batch. The processes are started with "spawn" (a process that runs torch must not fork) and
-    stopped by close() or at exit."""
+    event loop in the same process keeps the interpreter meanwhile. spaCy's own ``nlp.pipe(n_process=...)``
+    starts its processes on every call (seconds), so it is no use per batch. The processes are started with
+    "spawn" (a process that runs torch must not fork) and stopped by close() or at exit."""
 
     def __init__(self, model: str, processes: int, min_part: int = 8, caller_part: bool = True):
         import multiprocessing

@@ -132,6 +132,7 @@ class LinearRAGService:
         self.index_dir = Path(index_dir) if index_dir is not None else None
         self.rag = rag
         self.llm = llm  # a generation.LLM for /v1/answer (None: that route answers 503)
+        self._started_ner_processes = False  # --ner-processes: stopped with the service
         self.metrics = Metrics()
         self.batcher = Batcher(self._run_batch, self.settings.max_batch_size, self.settings.max_wait_ms,
                                on_batch=self.metrics.on_batch, gather_ms=self.settings.gather_ms)
@@ -170,7 +171,7 @@ class LinearRAGService:
                 pass
         self._tasks.clear()
         await self.batcher.stop()
-        if self.rag is not None and self.settings.ner_processes:
+        if self.rag is not None and self._started_ner_processes:
             self.rag.close()  # the NER worker processes this service started
 
     @asynccontextmanager
@@ -246,6 +247,7 @@ class LinearRAGService:
         interpreter lock, which the event loop then has to itself (with the engine thread taking a part, as
         LinearRAG does by default, the server gained less: benchmarks/README.md)."""
         rag.start_ner_processes(self.settings.ner_processes, caller_part=False)
+        self._started_ner_processes = True
 
     def _configure(self, rag) -> None:
         if self.settings.memory_budget:
