@@ -86,7 +86,17 @@ class Server:
             time.sleep(0.2)
 
     def memory(self) -> dict:
-        return {"rss_bytes": status_bytes("VmRSS", self.proc.pid), "peak_rss_bytes": status_bytes("VmHWM", self.proc.pid)}
+        """The server process's RSS and peak RSS, and the RSS of its child processes (NER workers, the
+        multiprocessing resource tracker; Linux only, else None)."""
+        children = None
+        try:
+            pids = [c for t in os.listdir(f"/proc/{self.proc.pid}/task")
+                    for c in open(f"/proc/{self.proc.pid}/task/{t}/children").read().split()]
+            children = sum(status_bytes("VmRSS", c) or 0 for c in pids)
+        except OSError:
+            pass
+        return {"rss_bytes": status_bytes("VmRSS", self.proc.pid), "peak_rss_bytes": status_bytes("VmHWM", self.proc.pid),
+                "children_rss_bytes": children}
 
     def metrics(self) -> dict:
         """The batch-size histogram's sum and count (questions, engine calls), and the server's own histograms of
@@ -246,7 +256,8 @@ def phase(server: Server, name: str, questions, clients, args) -> dict:
     srv = row["server"]["request"]
     print(f"[serve] {name:>12} c={clients:<4} {row['throughput_qps']} q/s  p50 {row['p50_ms']} ms  p99 "
           f"{row['p99_ms']} ms  batch {row['mean_batch_size']}  {row['statuses']}  rss "
-          f"{(row['rss_bytes'] or 0) / 2**20:.0f} MiB  server: mean {srv['mean_ms']} ms, p99 <= {srv['p99_le_ms']} ms"
+          f"{(row['rss_bytes'] or 0) / 2**20:.0f} MiB (children {(row['children_rss_bytes'] or 0) / 2**20:.0f} MiB)  "
+          f"server: mean {srv['mean_ms']} ms, p99 <= {srv['p99_le_ms']} ms"
           f"  second half: p50 {row['second_half']['p50_ms']} p99 {row['second_half']['p99_ms']} ms",
           file=sys.stderr, flush=True)
     return row

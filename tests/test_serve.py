@@ -467,6 +467,7 @@ def test_serve_benchmark_end_to_end(small_index_dir, small_questions, tmp_path):
         assert all(r["ok"] > 0 and set(r["statuses"]) == {"200"} and r["p99_ms"] >= r["p50_ms"] for r in rows)
         assert all(0 < r["second_half"]["ok"] < r["ok"] for r in rows)
         assert [r.get("client_processes", 1) for r in rows] == [1, 2]  # 1 client: one process
+        assert all(r["rss_bytes"] > 0 and r["children_rss_bytes"] >= 0 for r in rows)
         for r in rows:  # the server's own histograms saw each answered search and its queue wait
             srv = r["server"]
             assert srv["request"]["count"] == r["ok"] and srv["queue"]["count"] >= r["ok"]
