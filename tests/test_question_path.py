@@ -193,6 +193,23 @@ def test_cli_query_with_int8_encoder_and_one_thread(small_index_dir, small_quest
     assert rc == 0 and len(out) == 1 and len(json.loads(out[0])["hits"]) == 3
 
 
+def test_cli_query_with_ner_processes(small_index_dir, tmp_path, capsys):
+    from conftest import demo_questions
+
+    from linearrag_torch.cli import main
+
+    qfile = tmp_path / "q.jsonl"
+    qfile.write_text("".join(json.dumps({"id": i, "question": q["question"]}) + "\n"
+                             for i, q in enumerate(demo_questions()[:20])))
+    args = ["query", str(small_index_dir), "--questions", str(qfile), "--json", "--top-k", "3", "--device", "cpu"]
+    assert main(args) == 0
+    plain = capsys.readouterr().out
+    assert main(args + ["--ner-processes", "1"]) == 0  # 20 questions: one part here, one in the worker
+    assert capsys.readouterr().out == plain and len(plain.splitlines()) == 20
+    with pytest.raises(SystemExit, match="does not apply with --shards"):
+        main(args + ["--ner-processes", "1", "--shards", "2"])
+
+
 def test_known_rows_skip_the_entity_scan_with_the_same_seeds(small_rag, questions):
     """An entity string holding an index entity's stored vector seeds that entity: the scan over all
     entities (nearest_entities without ``known``) finds the same entity and cosine."""
