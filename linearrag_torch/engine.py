@@ -108,7 +108,7 @@ class DeviceGraph:
         self.entity_emb = query_embeddings(index.entity_emb, self.device, upcast)
         self._ppr = {}
         self.nearest = NearestMemo()  # eq. 3's scan (keeping_last: a chain's later round repeats it)
-        self._pair_C = None  # (C crow, C col, {max passages: linking entities}) for pairs.rerank
+        self._pair_C = None  # (C crow, C col, passages per entity, {max passages: linking entities}): pairs.rerank
         self._last_cosines = None  # (questions, their passage cosines): see passage_cosines
         self._keep = False
 
@@ -170,11 +170,11 @@ class DeviceGraph:
             return out
         if self._pair_C is None:
             C = self.index.C
-            self._pair_C = (C.crow.to(self.device), C.col.to(self.device), {})
-        crow, col, linking = self._pair_C
+            col = C.col.to(self.device)
+            self._pair_C = (C.crow.to(self.device), col, torch.bincount(col, minlength=self.entity_emb.shape[0]), {})
+        crow, col, passages_with, linking = self._pair_C
         if cfg.pair_link_max_passages not in linking:
-            linking[cfg.pair_link_max_passages] = pairs.link_entities(col, self.entity_emb.shape[0],
-                                                                       cfg.pair_link_max_passages)
+            linking[cfg.pair_link_max_passages] = pairs.link_entities(passages_with, cfg.pair_link_max_passages)
         idx = out.indices.to(self.device)
         cand = idx[:, :N]
         link = pairs.linked(*pairs.candidate_entities(crow, col, linking[cfg.pair_link_max_passages], cand),

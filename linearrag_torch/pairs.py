@@ -43,10 +43,10 @@ def deeper(cfg: RetrievalConfig) -> RetrievalConfig:
     return cfg.replace(top_k=max(cfg.top_k, cfg.pair_candidates), pair_candidates=0)
 
 
-def link_entities(C_col: torch.Tensor, num_entities: int, max_passages: int) -> torch.Tensor:
-    """[E] bool: the entities that link a pair, those found in 1 .. max_passages passages (C's structure)."""
-    df = torch.bincount(C_col.to(torch.int64), minlength=num_entities)
-    return (df >= 1) & (df <= max_passages)
+def link_entities(passages_with: torch.Tensor, max_passages: int) -> torch.Tensor:
+    """bool per entity: the entities that link a pair, those found in 1 .. max_passages passages of the index
+    (``passages_with``: each entity's passage count, e.g. torch.bincount of C's columns)."""
+    return (passages_with >= 1) & (passages_with <= max_passages)
 
 
 def candidate_entities(C_crow, C_col, linking: torch.Tensor, cand: torch.Tensor):

@@ -397,7 +397,7 @@ class ShardedEngine:
         vec[mine] = sh.passage_emb[cand[mine] - sh.lo].float()
         self.comm.phase = "pairs"
         self.comm.all_reduce(vec)
-        linking = (sh.walk_df >= 1) & (sh.walk_df <= cfg.pair_link_max_passages)
+        linking = pairs.link_entities(sh.walk_df, cfg.pair_link_max_passages)
         tp = sh.to_passages
         q, slot, col = pairs.candidate_entities(tp.crow, tp.col, linking, torch.where(mine, cand - sh.lo, -1))
         triples = self.comm.all_gather_rows(torch.stack([q, slot, sh.walk_entities[col]], 1))
@@ -680,7 +680,8 @@ class ShardedEngine:
         for t in range(cfg.ppr_max_iter):
             t0 = time.perf_counter()
             # block Gauss-Seidel (kernels.ppr_step): the passages (all local), then the entities from them
-            out_p = torch.addmm(rp * ((1.0 - d) + d * g), W_pe, xe, alpha=d) if W_pe.shape[1] else rp * ((1.0 - d) + d * g)
+            reset_part = rp * ((1.0 - d) + d * g)
+            out_p = torch.addmm(reset_part, W_pe, xe, alpha=d) if W_pe.shape[1] else reset_part
             y = torch.mm(W_ep, out_p) if W_ep.shape[0] else xe.new_zeros(n_priv + n_sh, xp.shape[1])
             buf = torch.cat([y[n_priv:], out_p.index_select(0, dp).sum(0)[None], ch_loc[None]])
             t1 = time.perf_counter()

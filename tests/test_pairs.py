@@ -100,7 +100,7 @@ def test_links_equal_shared_rare_entities():
     cand[2, 4:] = -1
     df = torch.bincount(col, minlength=40)
     for cap in (1, 3, 8, 60):
-        link = pairs.linked(*pairs.candidate_entities(crow, col, pairs.link_entities(col, 40, cap), cand), 7, 6)
+        link = pairs.linked(*pairs.candidate_entities(crow, col, pairs.link_entities(df, cap), cand), 7, 6)
         n_linked = 0
         for b, i, j in itertools.product(range(7), range(6), range(6)):
             p, r = int(cand[b, i]), int(cand[b, j])

@@ -185,13 +185,12 @@ class LinearRAGService:
     async def _first_load(self) -> None:
         try:
             if self.rag is None:  # on the engine thread: see _load_beside
-                self.rag = await self.batcher.call(self._load_rag, None)
+                self.rag = await self.batcher.call(self._load_rag, None)  # configured there
                 self.fingerprint = _index_fingerprint(self.index_dir)
-            elif self.index_dir is not None:
-                self.fingerprint = _index_fingerprint(self.index_dir)
-            self._configure(self.rag)
-            if self.settings.ner_processes and self.rag.ner_pool is None:
-                await self.batcher.call(self._start_ner_processes, self.rag)
+            else:
+                if self.index_dir is not None:
+                    self.fingerprint = _index_fingerprint(self.index_dir)
+                await self.batcher.call(self._configure, self.rag)
             await self.batcher.call(self._warm, self.rag)
             self.loaded_at = time.time()
             self.ready = True
@@ -219,8 +218,6 @@ class LinearRAGService:
                 rag._nlp = like._nlp
             if old.spacy_model == new.spacy_model:
                 rag._ner_pool = like.ner_pool  # the NER worker processes load the model by name
-        if self.settings.ner_processes and rag.ner_pool is None and like is not None:
-            self._start_ner_processes(rag)
         self._configure(rag)
         rag.graph  # noqa: B018 (device tensors prepared here, not in the first batch)
         return rag
@@ -242,18 +239,19 @@ class LinearRAGService:
         finally:
             torch.set_num_threads(threads)
 
-    def _start_ner_processes(self, rag) -> None:
-        """--ner-processes workers take all of a batch's NER: the engine thread waits for them without the
-        interpreter lock, which the event loop then has to itself (with the engine thread taking a part, as
-        LinearRAG does by default, the server gained less: benchmarks/README.md)."""
-        rag.start_ner_processes(self.settings.ner_processes, caller_part=False)
-        self._started_ner_processes = True
-
     def _configure(self, rag) -> None:
+        """The settings that apply to a loaded index (on the engine thread, or beside it for a reload): the
+        memory budget, and --ner-processes workers unless ``rag`` has some (handed over by _load_rag). The
+        workers take all of a batch's NER: the engine thread waits for them without the interpreter lock,
+        which the event loop then has to itself (with the engine thread taking a part, as LinearRAG does by
+        default, the server gained less: benchmarks/README.md)."""
         if self.settings.memory_budget:
             from ..memory import parse_bytes
 
             rag.graph.memory_budget = parse_bytes(self.settings.memory_budget)
+        if self.settings.ner_processes and rag.ner_pool is None:
+            rag.start_ner_processes(self.settings.ner_processes, caller_part=False)
+            self._started_ner_processes = True
 
     @staticmethod
     def _warm(rag) -> None:
