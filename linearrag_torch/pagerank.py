@@ -152,10 +152,10 @@ class PPRGraph:
         """The iterate's mass on the nodes of strength 0, per column [B] (kernels.dangling_mass)."""
         return kernels.dangling_mass(self.dangling_passage_idx, self.dangling_entity_idx, xp, xe)
 
-    def ppr_step(self, xp, xe, rp, re, damping: float, out_p, out_e) -> torch.Tensor:
+    def ppr_step(self, xp, xe, rp, re, damping: float, out_p, out_e, joint: tuple | None = None) -> torch.Tensor:
         """kernels.ppr_step on this operator's tensors (see there); returns the L1 change per column."""
         return kernels.ppr_step(self.to_passages, self.to_entities, self.between_passages, self.dangling_passage_idx,
-                                self.dangling_entity_idx, xp, xe, rp, re, damping, out_p, out_e, self.workspace)
+                                self.dangling_entity_idx, xp, xe, rp, re, damping, out_p, out_e, self.workspace, joint)
 
 
 class StepObserver:
@@ -325,13 +325,13 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
     # working set: the reset (wrp, wre), the iterate (xp, xe) and an output buffer pair, columns `cols`
     cols = torch.arange(B, device=rp.device)
     wrp, wre = rp, re
+    if B == 1:  # one question: the same stop rule on Python floats (no tensor bookkeeping per step)
+        x = _one_column(walk, rp, re, d, cfg)
+        rp.copy_(x[:rp.shape[0]])
+        re.copy_(x[rp.shape[0]:])
+        return _result(rp, re, valid, lv, split, entity_scores)
     xp, xe = rp.clone(), re.clone()
     bp, be = torch.empty_like(xp), torch.empty_like(xe)
-    if B == 1:  # one question: the same stop rule on Python floats (no tensor bookkeeping per step)
-        xp, xe = _one_column(walk, rp, re, xp, xe, bp, be, d, cfg)
-        rp.copy_(xp)
-        re.copy_(xe)
-        return _result(rp, re, valid, lv, split, entity_scores)
     last = torch.full_like(total, float("inf"))
     running = torch.ones_like(valid)  # over the working columns
     for _ in range(cfg.ppr_max_iter):
@@ -374,28 +374,33 @@ def _result(rp, re, valid, lv, split, entity_scores: bool):
     return rp, _expand_entities(lv, re, split), valid
 
 
-def _one_column(walk: PPRGraph, rp, re, xp, xe, bp, be, d: float, cfg: RetrievalConfig):
+def _one_column(walk: PPRGraph, rp, re, d: float, cfg: RetrievalConfig) -> torch.Tensor:
     """personalized_pagerank's loop for a batch of one column: the step and the stop rule are the same (the
     tolerance compared in the iterate's dtype, as the tensor comparison does), decided on Python floats.
-    Returns the final iterate (xp, xe)."""
+    The iterate and its buffer each hold the passages and then the entity rows, so that a step takes its L1
+    change in one pass (kernels.ppr_step's ``joint``). Returns the final iterate [P + E', 1]."""
+    P = rp.shape[0]
     tol = float(torch.tensor(cfg.ppr_tol, dtype=rp.dtype))
     cols = torch.zeros(1, dtype=torch.int64, device=rp.device)
+    x = torch.cat([rp, re])
+    buf = torch.empty_like(x)
+    xs, bs = (x, x[:P], x[P:]), (buf, buf[:P], buf[P:])  # (whole, passages, entities)
     last = float("inf")
     for _ in range(cfg.ppr_max_iter):
-        change = _observed_step(walk, cols, xp, xe, rp, re, d, bp, be)
-        xp, bp, xe, be = bp, xp, be, xe
+        change = _observed_step(walk, cols, xs[1], xs[2], rp, re, d, bs[1], bs[2], (xs[0], bs[0]))
+        xs, bs = bs, xs
         c = float(change)
         if c < tol or (c >= last and c < FLOOR_RULE_BELOW):
             break
         last = c
-    return xp, xe
+    return xs[0]
 
 
-def _observed_step(walk: PPRGraph, cols, xp, xe, rp, re, d: float, bp, be) -> torch.Tensor:
+def _observed_step(walk: PPRGraph, cols, xp, xe, rp, re, d: float, bp, be, joint=None) -> torch.Tensor:
     """walk.ppr_step (into bp, be) between the observers' before_step and after_step; returns the L1 change."""
     for observer in _OBSERVERS:
         observer.before_step(walk, cols)
-    change = walk.ppr_step(xp, xe, rp, re, d, bp, be)
+    change = walk.ppr_step(xp, xe, rp, re, d, bp, be, joint)
     for observer in _OBSERVERS:
         observer.after_step(walk, cols, change)
     return change

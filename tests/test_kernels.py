@@ -49,6 +49,27 @@ def test_ppr_step_fallback_matches_the_plain_step(adjacent, dangling):
     torch.testing.assert_close(change, want_c, rtol=1e-5, atol=1e-8)
 
 
+@pytest.mark.parametrize("adjacent", [False, True])
+@pytest.mark.parametrize("dangling", [False, True])
+@pytest.mark.parametrize("B", [1, 3])
+def test_ppr_step_on_joint_buffers_matches_the_plain_step(adjacent, dangling, B):
+    """With ``joint`` (the passages and entities as row blocks of one buffer, as the one-question loop keeps
+    them), the step writes the same iterate and takes the L1 change in one pass."""
+    _, g = _graph(1, adjacent=adjacent, dangling=dangling)
+    P, E = g.to_passages.shape
+    gen = torch.Generator().manual_seed(1)
+    rp, re = torch.rand(P, B, generator=gen), torch.rand(E, B, generator=gen)
+    tot = rp.sum(0) + re.sum(0)
+    rp, re = rp / tot, re / tot
+    x = torch.cat([torch.rand(P, B, generator=gen) / P, torch.rand(E, B, generator=gen) / E])
+    want_p, want_e, want_c = ppr_step_reference(g, x[:P], x[P:], rp, re, 0.3)
+    out = torch.empty_like(x)
+    change = g.ppr_step(x[:P], x[P:], rp, re, 0.3, out[:P], out[P:], (x, out))
+    torch.testing.assert_close(out[:P], want_p, rtol=1e-5, atol=1e-8)
+    torch.testing.assert_close(out[P:], want_e, rtol=1e-5, atol=1e-8)
+    torch.testing.assert_close(change, want_c, rtol=1e-5, atol=1e-8)
+
+
 def test_topk_columns_is_a_stable_descending_sort():
     gen = torch.Generator().manual_seed(0)
     scores = torch.randint(0, 4, (50, 7), generator=gen).float()  # many ties

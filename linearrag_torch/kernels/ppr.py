@@ -35,7 +35,8 @@ def dangling_mass(dangling_passage_idx: torch.Tensor, dangling_entity_idx: torch
 def ppr_step(to_passages: torch.Tensor, to_entities: torch.Tensor, between_passages: torch.Tensor | None,
              dangling_passage_idx: torch.Tensor, dangling_entity_idx: torch.Tensor,
              xp: torch.Tensor, xe: torch.Tensor, rp: torch.Tensor, re: torch.Tensor, damping: float,
-             out_p: torch.Tensor, out_e: torch.Tensor, workspace: dict | None = None) -> torch.Tensor:
+             out_p: torch.Tensor, out_e: torch.Tensor, workspace: dict | None = None,
+             joint: tuple | None = None) -> torch.Tensor:
     """One block Gauss-Seidel step of x = (1 - d) r + d (walk(x) + g(x) r) on B columns at once: the
     passages first, then the entities from the new passage values:
 
@@ -51,7 +52,10 @@ def ppr_step(to_passages: torch.Tensor, to_entities: torch.Tensor, between_passa
     between_passages [P, P] (or None), all torch CSR; dangling_*_idx: the rows of strength 0. Writes p',
     e' into ``out_p``, ``out_e`` (distinct from every input) and returns ``change``; ``xp`` and ``xe`` are
     used as scratch and hold garbage afterwards. ``workspace``: a dict kept with the matrices across steps
-    (caches derived from them); None = no caching.
+    (caches derived from them); None = no caching. ``joint``: (x, out), when xp, xe are the row blocks of one
+    contiguous [P + E, B] tensor x and out_p, out_e those of ``out``: the torch path then takes the change in
+    one pass over the whole (three dispatches instead of seven, which is what a step of a few columns costs on
+    CPU); its float sum may differ from the two-part one in the last bit.
     """
     d = float(damping)
     workspace = {} if workspace is None else workspace
@@ -67,11 +71,11 @@ def ppr_step(to_passages: torch.Tensor, to_entities: torch.Tensor, between_passa
         return triton_ppr.ppr_step(to_passages, to_entities, between_passages, xp, xe, rp, re, d, coef, out_p, out_e,
                                    workspace, entity_coef if dangling else (lambda new_p: coef))
     return _ppr_step_torch(to_passages, to_entities, between_passages, dangling_passage_idx, dangling_entity_idx,
-                           dangling, xp, xe, rp, re, d, out_p, out_e, workspace)
+                           dangling, xp, xe, rp, re, d, out_p, out_e, workspace, joint)
 
 
 def _ppr_step_torch(to_passages, to_entities, between_passages, dangling_passage_idx, dangling_entity_idx,
-                    dangling: bool, xp, xe, rp, re, d, out_p, out_e, workspace):
+                    dangling: bool, xp, xe, rp, re, d, out_p, out_e, workspace, joint=None):
     if dangling:  # the reset's weight per column: one pass writes it, the SpMM adds on
         torch.mul(rp, (1.0 - d) + d * dangling_mass(dangling_passage_idx, dangling_entity_idx, xp, xe), out=out_p)
         out_p.addmm_(to_passages, xe, alpha=d)
@@ -84,6 +88,8 @@ def _ppr_step_torch(to_passages, to_entities, between_passages, dangling_passage
         if between_passages is not None:
             out_p.addmm_(between_passages, xp, alpha=d)
         torch.addmm(re, to_entities, out_p, beta=1.0 - d, alpha=d, out=out_e)
+    if joint is not None:
+        return joint[0].sub_(joint[1]).abs_().sum(0)
     dp, de = xp.sub_(out_p).abs_(), xe.sub_(out_e).abs_()
     if xp.shape[1] < GEMV_MIN_COLUMNS:  # a few columns: each is (nearly) contiguous, sum(0) is one cheap pass
         return dp.sum(0).add_(de.sum(0))
