@@ -250,3 +250,39 @@ def test_rows_are_not_used_against_another_index(small_rag, nlp, encoder, questi
     finally:
         engine.seed_pairs = real
     assert calls[0] == (None,) and calls[1][0] is enc.entity_rows
+
+
+def test_retrieval_runs_in_inference_mode_and_returns_ordinary_tensors(small_rag, questions):
+    """The engine ranks under torch.inference_mode (fewer dispatches per small op); its results and trace are
+    ordinary tensors that a caller may change in place, its answer is the one computed inside inference mode
+    too, and the mode does not outlive the call."""
+    from linearrag_torch import engine
+    from linearrag_torch.queries import Retrieved
+
+    enc = small_rag.encode_queries(questions)
+    graph = small_rag.graph
+    cfg = small_rag.config
+    seen = []
+    real = engine._retrieve
+
+    def spy(*args, **kwargs):
+        seen.append(torch.is_inference_mode_enabled())
+        return real(*args, **kwargs)
+
+    engine._retrieve = spy
+    try:
+        out, tr = engine.retrieve(graph, enc, cfg, trace=True)
+    finally:
+        engine._retrieve = real
+    assert seen and all(seen) and not torch.is_inference_mode_enabled()
+    assert isinstance(out, Retrieved)
+    tensors = [out.indices, out.scores, tr.seeds, tr.is_seed, tr.dense, tr.activation.act, tr.activation.tier,
+               tr.activation.reset]
+    assert not any(t.is_inference() for t in tensors)
+    out.scores.add_(1.0)  # allowed: an inference tensor would raise here
+    tr.activation.act.zero_()
+    with torch.inference_mode():
+        inside = engine.retrieve(graph, enc, cfg)
+    assert torch.equal(inside.indices, out.indices) and torch.equal(inside.scores + 1.0, out.scores)
+    again = small_rag.retrieve(enc)  # the caches made in inference mode serve a later call
+    assert torch.equal(again.indices, out.indices)
