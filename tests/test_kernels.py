@@ -80,6 +80,10 @@ def test_topk_columns_is_a_stable_descending_sort():
         want_v, want_i = torch.sort(scores.T, dim=1, descending=True, stable=True)
         assert torch.equal(idx, want_i[:, :k])
         torch.testing.assert_close(vals, want_v[:, :k], equal_nan=True)
+        for b in range(scores.shape[1]):  # one column alone (its own path)
+            idx, vals = kernels.topk_columns(scores[:, b:b + 1], k)
+            assert torch.equal(idx, want_i[b:b + 1, :k])
+            torch.testing.assert_close(vals, want_v[b:b + 1, :k], equal_nan=True)
 
 
 def _brute_topk(crow, col, rows, qcols, sigma, used, B, k):
