@@ -104,8 +104,8 @@ def run(args) -> dict:
             ms = measure(rag, questions, b, n, args.repeat, args.clock)
             if n > len(questions):
                 print(f"warning: batch {b} times {n} questions, {len(questions)} distinct", file=sys.stderr)
-            row = {"encoder": name, "batch": b, "questions": n, "unique_questions": min(n, len(questions)),
-                   "ms_per_question": ms,
+            row = {"encoder": name, "precision": getattr(rag.encoder, "precision", None), "batch": b, "questions": n,
+                   "unique_questions": min(n, len(questions)), "ms_per_question": ms,
                    "questions_per_s": 1000.0 / ms["end_to_end"] if ms["end_to_end"] else None}
             result["rows"].append(row)
             print(f"{name:<15} batch {b:>4}: " + "  ".join(f"{c} {ms[c]:7.2f}" for c in COLUMNS) + "  ms/question",

@@ -4,6 +4,7 @@ as float32; bf16 vectors close to float32; a
 float32 build gives the plain float32 encoder's vectors."""
 import hashlib
 import json
+import warnings
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import torch
 from benchmarks import quality
 from conftest import index_without_setting, small_passages
 from linearrag_torch import LinearRAG
+from linearrag_torch import encoding as api_encoding
 from linearrag_torch.build import build_index
 from linearrag_torch.config import IndexConfig
 from linearrag_torch.corpus import as_passages
@@ -31,9 +33,14 @@ def test_auto_is_bfloat16_only_on_a_cpu_with_native_bf16(monkeypatch, amx, avx51
     assert native_bf16("cpu") == (want == "bfloat16")
     assert resolve_precision("auto", "cpu") == want
     assert resolve_precision("auto", torch.device("cpu")) == want
-    # explicit settings are kept whatever the machine
+    # explicit settings are kept whatever the machine; bf16 without native support says what it costs
     assert resolve_precision("float32", "cpu") == "float32"
-    assert resolve_precision("bfloat16", "cpu") == "bfloat16"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert resolve_precision("bfloat16", "cpu") == "bfloat16"
+    assert [str(w.message) for w in caught if "emulates" in str(w.message)] == ([] if want == "bfloat16" else [
+        "bfloat16 on cpu without native bf16 (AMX-BF16, AVX512-BF16 or CUDA): torch emulates it, measured 5.8x "
+        "slower than float32 on an AVX2 CPU"])
 
 
 def test_auto_elsewhere_and_bad_values():
@@ -126,11 +133,19 @@ def test_benchmark_cache_keys_of_float32_indexes_are_unchanged(small_corpus, mon
         quality.cache_key(small_corpus, IndexConfig(encoder_precision="bfloat16"))
 
 
-def test_questions_are_float32_and_add_encodes_in_the_index_precision(few, nlp):
+def test_questions_are_float32_and_add_encodes_in_the_index_precision(few, nlp, monkeypatch):
     ix = build_index(few[:3], IndexConfig(encoder_precision="bfloat16"), nlp=nlp, progress=False)
     rag = LinearRAG(ix, "cpu", nlp=nlp)
     assert rag.encoder.precision == "float32"  # exact questions: batch-independent (LinearRAG.__init__)
-    assert LinearRAG(ix, "cpu", nlp=nlp, quantize="bfloat16").encoder.precision == "bfloat16"
+    # quantize="bfloat16": bf16 questions where the CPU has native bf16, float32 (with a warning) elsewhere
+    for native in (True, False):
+        monkeypatch.setattr(api_encoding, "native_bf16", lambda device, native=native: native)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = LinearRAG(ix, "cpu", nlp=nlp, quantize="bfloat16").encoder.precision
+        assert got == ("bfloat16" if native else "float32")
+        assert any("runs in float32" in str(w.message) for w in caught) == (not native)
+    monkeypatch.undo()
     built = LinearRAG.build(few[:3], IndexConfig(encoder_precision="bfloat16"), device="cpu", progress=False, nlp=nlp)
     assert built.index.index_config.encoder_precision == "bfloat16" and built.encoder.precision == "float32"
     # new passages are encoded as the index was: bf16, with the question encoder's model (nothing reloaded)
