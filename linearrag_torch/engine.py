@@ -10,6 +10,8 @@ question does not depend on the chunk it runs in.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -245,6 +247,37 @@ def activate_pairs(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalCo
     return keys, vals, act
 
 
+def in_inference_mode(fn):
+    """``fn`` run under torch.inference_mode (a question's ~2,000 small ops cost 13% less on CPU without the
+    autograd bookkeeping), its tensors returned as ordinary copies, so that a caller may change them in place;
+    called inside inference mode (a nested call), it runs as it is."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if torch.is_inference_mode_enabled():
+            return fn(*args, **kwargs)
+        with torch.inference_mode():
+            res = fn(*args, **kwargs)
+        return _ordinary(res)
+
+    return run
+
+
+def _ordinary(value):
+    """Copies, made outside inference mode, of the tensors in a result (Retrieved, Trace, tuples and lists)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, tuple):
+        return type(value)(*map(_ordinary, value)) if hasattr(value, "_fields") else tuple(map(_ordinary, value))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: _ordinary(getattr(value, f.name))
+                                             for f in dataclasses.fields(value) if f.init})
+    if isinstance(value, list):
+        return [_ordinary(v) for v in value]
+    return value
+
+
+@in_inference_mode
 def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool = False,
              memory_budget: int | None = None):
     """Rank passages for a batch of encoded questions. Returns Retrieved (and a Trace if asked).
@@ -252,31 +285,8 @@ def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, 
     The batch runs in chunks of graph.questions_per_chunk(memory_budget, cfg) questions.
     With cfg.chain_passages > 0 in reference mode, 1 + cfg.chain_rounds rounds (chain.py); with
     cfg.pair_candidates >= 2 in reference mode, the first two places hold the best pair (pairs.py).
-    Runs under torch.inference_mode (a question's ~2,000 small ops cost 13% less on CPU without the autograd
-    bookkeeping); what it returns are ordinary tensors (copies), so a caller may change them in place.
+    Runs under torch.inference_mode and returns ordinary tensors (in_inference_mode).
     """
-    if torch.is_inference_mode_enabled():
-        return _retrieve(graph, queries, cfg, trace, memory_budget)
-    with torch.inference_mode():
-        res = _retrieve(graph, queries, cfg, trace, memory_budget)
-    return _ordinary(res)
-
-
-def _ordinary(value):
-    """Copies, made outside inference mode, of the tensors in a result of _retrieve (Retrieved, or with a Trace)."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, tuple):
-        return type(value)(*map(_ordinary, value)) if hasattr(value, "_fields") else tuple(map(_ordinary, value))
-    if isinstance(value, (Trace, Activation)):
-        return type(value)(**{f: _ordinary(getattr(value, f)) for f in value.__dataclass_fields__})
-    if isinstance(value, list):
-        return [_ordinary(v) for v in value]
-    return value
-
-
-def _retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool = False,
-              memory_budget: int | None = None):
     from . import pairs
     from .chain import chain_retrieve, enabled as chain_enabled
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import kernels, pairs
+from . import engine, kernels, pairs
 from .activation import ActivePairs, nearest_entities
 from .chain import enabled as chain_enabled, merge as chain_merge
 from .config import RetrievalConfig
@@ -367,9 +367,10 @@ class ShardedEngine:
         self.iteration_log: list | None = None  # set to [] to record (bytes, compute s, comm s) per PPR iteration
 
     # --------------------------------------------------------------------------------------------- entry
+    @engine.in_inference_mode
     def retrieve(self, queries: EncodedQueries, cfg: RetrievalConfig) -> Retrieved:
-        """Top-k passages for a batch (see engine.retrieve; trace is not offered). ``queries.entity_rows``,
-        when given, must be rows of the index this shard was built from."""
+        """Top-k passages for a batch (see engine.retrieve; trace is not offered; under inference mode, as
+        there). ``queries.entity_rows``, when given, must be rows of the index this shard was built from."""
         if cfg.adjacent_passages:
             raise ValueError("adjacent_passages is not supported by the sharded engine (it links passages "
                              "across shard boundaries); query the index in one process")

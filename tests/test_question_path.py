@@ -263,17 +263,17 @@ def test_retrieval_runs_in_inference_mode_and_returns_ordinary_tensors(small_rag
     graph = small_rag.graph
     cfg = small_rag.config
     seen = []
-    real = engine._retrieve
+    real = engine._retrieve_chunk
 
     def spy(*args, **kwargs):
         seen.append(torch.is_inference_mode_enabled())
         return real(*args, **kwargs)
 
-    engine._retrieve = spy
+    engine._retrieve_chunk = spy
     try:
         out, tr = engine.retrieve(graph, enc, cfg, trace=True)
     finally:
-        engine._retrieve = real
+        engine._retrieve_chunk = real
     assert seen and all(seen) and not torch.is_inference_mode_enabled()
     assert isinstance(out, Retrieved)
     tensors = [out.indices, out.scores, tr.seeds, tr.is_seed, tr.dense, tr.activation.act, tr.activation.tier,
