@@ -56,7 +56,9 @@ def nearest_entities(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, r
     for i in range(0, Q, rows):
         q = query_entity_emb[i:i + rows]
         for j in range(0, E, cols):
-            v, a = (q @ entity_emb[j:j + cols].T).max(dim=1)  # max returns the first maximum
+            # entities x questions, not the transpose: with a few question rows the CPU's GEMM then reads the
+            # entity block once (2wiki's 42,850 x 384 for 2 / 12 rows: 5.4 / 15.8 ms against 14.4 / 29.5)
+            v, a = (entity_emb[j:j + cols] @ q.T).max(dim=0)  # max returns the first maximum
             better = v > best[i:i + rows]  # strict: an earlier block keeps a tie
             best[i:i + rows] = torch.where(better, v, best[i:i + rows])
             arg[i:i + rows] = torch.where(better, a + j, arg[i:i + rows])
