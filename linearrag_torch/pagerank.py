@@ -327,9 +327,7 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
     wrp, wre = rp, re
     if B == 1:  # one question: the same stop rule on Python floats (no tensor bookkeeping per step)
         x = _one_column(walk, rp, re, d, cfg)
-        rp.copy_(x[:rp.shape[0]])
-        re.copy_(x[rp.shape[0]:])
-        return _result(rp, re, valid, lv, split, entity_scores)
+        return _result(x[:rp.shape[0]], x[rp.shape[0]:], valid, lv, split, entity_scores)
     xp, xe = rp.clone(), re.clone()
     bp, be = torch.empty_like(xp), torch.empty_like(xe)
     last = torch.full_like(total, float("inf"))

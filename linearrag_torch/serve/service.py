@@ -218,9 +218,19 @@ class LinearRAGService:
                 rag._nlp = like._nlp
             if old.spacy_model == new.spacy_model:
                 rag._ner_pool = like.ner_pool  # the NER worker processes load the model by name
-        self._configure(rag)
-        rag.graph  # noqa: B018 (device tensors prepared here, not in the first batch)
+        try:
+            self._configure(rag)
+            rag.graph  # noqa: B018 (device tensors prepared here, not in the first batch)
+        except BaseException:
+            self._drop(rag, like)
+            raise
         return rag
+
+    @staticmethod
+    def _drop(rag, keep) -> None:
+        """A loaded index that will not serve: stop NER worker processes it started, not those of ``keep``."""
+        if rag.ner_pool is not None and (keep is None or rag.ner_pool is not keep.ner_pool):
+            rag.close()
 
     def _load_beside(self, like):
         """_load_rag on a thread beside the engine's (a reload: batches keep running), with one torch thread.
@@ -286,10 +296,13 @@ class LinearRAGService:
         async with self._reload_lock:
             fingerprint = _index_fingerprint(self.index_dir)
             t0 = time.perf_counter()
+            rag = None
             try:
                 rag = await asyncio.to_thread(self._load_beside, self.rag)
                 await self.batcher.call(self._swap, rag)
             except Exception as exc:  # noqa: BLE001
+                if rag is not None and self.rag is not rag:
+                    self._drop(rag, self.rag)
                 reason = f"{type(exc).__name__}: {exc}"
                 self.metrics.reloads.labels("refused").inc()
                 log.error("reload of %s refused, still serving the previous index: %s", self.index_dir, reason)
