@@ -1,7 +1,7 @@
-"""Retrieval quality of the int8 question encoders beside the exact float32 one, on several dev sets.
+"""Retrieval quality of the int8 and bf16 question encoders beside the exact float32 one, on several dev sets.
 
     python -m benchmarks.encoder_int8 --set NAME INDEX_DIR QUESTIONS.jsonl [--set ...] --json OUT
-                                      [--variants exact int8 int8-all] [--threads N] [--limit N]
+                                      [--variants exact int8 int8-all bfloat16] [--threads N] [--limit N]
                                       [--override FIELD=VALUE ...]
 
 For each set and encoder (``LinearRAG.load(..., quantize=...)``; the index and spaCy model are shared)
@@ -85,7 +85,9 @@ def main(argv=None) -> int:
                     help="a dev set: its name, index folder and questions file (repeat for several)")
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--variants", nargs="+", default=["exact", "int8", "int8-all"],
-                    choices=("exact", "int8", "int8-all"), help="encoders (the first one is the reference)")
+                    choices=("exact", "int8", "int8-all", "bfloat16"),
+                    help="encoders (LinearRAG quantize=...; the first one is the reference). bfloat16 runs in "
+                         "bf16 only where the CPU has it natively, else float32 with a warning")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--limit", type=int, help="only the first N questions of each set")
     ap.add_argument("--override", nargs="+", default=[], metavar="FIELD=VALUE",

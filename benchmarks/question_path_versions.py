@@ -6,6 +6,8 @@ this one in the same quiet session:
     python benchmarks/question_path_versions.py --src /tmp/before --index DIR --questions A.jsonl B.jsonl
     python benchmarks/question_path_versions.py --src . --index DIR --questions A.jsonl B.jsonl \\
         --settings '{"chain_passages": 0}' --json OUT [--ranking TOP10.json]
+    python benchmarks/question_path_versions.py --src . --index DIR --questions A.jsonl \\
+        --load '{"quantize": "bfloat16"}' --ner-processes 1   # options only newer versions have
 
 Each batch size times the first max(batch, 64) questions of the files in consecutive batches, after a
 warm-up batch. benchmarks.throughput gives the stage-by-stage table of the current version.
@@ -24,6 +26,10 @@ def main(argv=None) -> int:
     ap.add_argument("--questions", nargs="+", required=True, help='JSON lines with "question"')
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64, 256])
     ap.add_argument("--settings", default="{}", help="retrieval settings as JSON, e.g. '{\"chain_passages\": 0}'")
+    ap.add_argument("--load", default="{}", help="LinearRAG.load options as JSON, e.g. '{\"quantize\": \"bfloat16\"}' "
+                                                 "(a version without the option refuses it)")
+    ap.add_argument("--ner-processes", type=int, default=0,
+                    help="spaCy NER in this many worker processes (LinearRAG.start_ner_processes; newer versions)")
     ap.add_argument("--json", help="write the numbers here")
     ap.add_argument("--ranking", help="also write every question's top 10 (row indices and scores, one batched call) "
                                       "here, to compare two versions' rankings")
@@ -37,7 +43,9 @@ def main(argv=None) -> int:
     from linearrag_torch import LinearRAG
 
     qs = [json.loads(line)["question"] for f in args.questions for line in open(f, encoding="utf-8") if line.strip()]
-    rag = LinearRAG.load(args.index, device="cpu")
+    rag = LinearRAG.load(args.index, device="cpu", **json.loads(args.load))
+    if args.ner_processes:
+        rag.start_ner_processes(args.ner_processes)
     cfg = rag.config.replace(**json.loads(args.settings))
     rag.retrieve(rag.encode_queries(qs[:8], cfg), cfg)  # warm-up: models, graph
     rows = []
@@ -62,9 +70,12 @@ def main(argv=None) -> int:
             json.dump({"questions": qs, "indices": out.indices.tolist(), "scores": out.scores.tolist()}, fh)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"package": linearrag_torch.__file__, "settings": json.loads(args.settings), "rows": rows}, fh, indent=2)
+            json.dump({"package": linearrag_torch.__file__, "settings": json.loads(args.settings),
+                       "load": json.loads(args.load), "ner_processes": args.ner_processes, "rows": rows}, fh, indent=2)
+    if args.ner_processes:
+        rag.close()
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the NER worker processes start by spawn: they import this file
     sys.exit(main())

@@ -286,3 +286,25 @@ def test_retrieval_runs_in_inference_mode_and_returns_ordinary_tensors(small_rag
     assert torch.equal(inside.indices, out.indices) and torch.equal(inside.scores + 1.0, out.scores)
     again = small_rag.retrieve(enc)  # the caches made in inference mode serve a later call
     assert torch.equal(again.indices, out.indices)
+
+
+def test_question_path_versions_benchmark_options(small_index_dir, tmp_path):
+    """benchmarks/question_path_versions.py times this checkout with LinearRAG.load options and NER worker
+    processes; the rankings equal those of the plain run (neither changes a float32 result)."""
+    qfile = tmp_path / "q.jsonl"
+    qfile.write_text("".join(json.dumps({"question": q["question"]}) + "\n" for q in demo_questions()))
+    script = str(ROOT / "benchmarks" / "question_path_versions.py")
+    base = [sys.executable, script, "--src", str(ROOT), "--index", str(small_index_dir), "--questions", str(qfile),
+            "--batch-sizes", "32"]
+    runs = {}
+    for name, extra in (("plain", []), ("options", ["--load", '{"encoder_backend": "torch"}', "--ner-processes", "1"])):
+        out, ranking = tmp_path / f"{name}.json", tmp_path / f"{name}_top10.json"
+        proc = subprocess.run(base + extra + ["--json", str(out), "--ranking", str(ranking)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        runs[name] = json.loads(out.read_text()), json.loads(ranking.read_text())
+    res, top = runs["options"]
+    assert res["load"] == {"encoder_backend": "torch"} and res["ner_processes"] == 1
+    assert [r["batch"] for r in res["rows"]] == [32] and all(r["end_to_end_ms"] > 0 for r in res["rows"])
+    assert runs["plain"][0]["ner_processes"] == 0
+    assert top["indices"] == runs["plain"][1]["indices"] and len(top["indices"]) == len(demo_questions())
