@@ -22,6 +22,49 @@ import torch
 import torch.nn.functional as F
 
 
+def _onednn_ops():
+    """torch's oneDNN operator namespace (torch.ops.mkldnn), or None where this torch has no oneDNN."""
+    return torch.ops.mkldnn if torch.backends.mkldnn.is_available() else None
+
+
+def _packed_bf16_weight(weight: torch.Tensor, bias: torch.Tensor | None):
+    """``weight`` (bfloat16, CPU) packed for oneDNN, or None where torch lacks the op, packing fails, or the
+    packed product is not F.linear's bit for bit on a few row counts (then F.linear serves)."""
+    ops = _onednn_ops()
+    if weight.device.type != "cpu" or ops is None:
+        return None
+    try:
+        packed = ops._reorder_linear_weight(weight, 32)
+        g = torch.Generator().manual_seed(0)
+        for rows in ((1,), (26,), (3, 40)):
+            x = torch.randn(*rows, weight.shape[1], generator=g).to(weight.dtype)
+            if not torch.equal(ops._linear_pointwise(x, packed, bias, "none", [], ""), F.linear(x, weight, bias)):
+                return None
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return None
+    return packed
+
+
+class _Linear:
+    """One linear layer as the forward calls it: ``layer(x)`` = F.linear(x, weight, bias) (in ``dtype``, the
+    autocast dtype, with the weight cast once, and x cast to it first as autocast would). In bfloat16 on the
+    CPU through the weight packed once for oneDNN (_packed_bf16_weight): the same values."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype | None):
+        if dtype is not None:
+            weight, bias = weight.detach().to(dtype), None if bias is None else bias.detach().to(dtype)
+        self.bias, self.dtype = bias, dtype
+        self.packed = _packed_bf16_weight(weight, bias) if dtype == torch.bfloat16 else None
+        self.weight = weight if self.packed is None else None  # the packed copy replaces it
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dtype is not None:
+            x = x.to(self.dtype)  # what autocast does to F.linear's input
+        if self.packed is not None:
+            return _onednn_ops()._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
 class BertForward:
     """``BertForward(model)(input_ids, attention_mask)`` -> the last hidden states [B, T, H] of
     ``model(input_ids=..., attention_mask=..., token_type_ids=zeros).last_hidden_state`` (module doc)."""
@@ -60,16 +103,13 @@ class BertForward:
                        layer.output.dense)
             self.layers.append((tuple((m.weight, m.bias) for m in linears), att.scaling,
                                 layer.attention.output.LayerNorm, layer.output.LayerNorm))
-        self._cast: dict = {}  # dtype -> the linear layers' (weight, bias) in it
+        self._cast: dict = {}  # dtype (None: as they are) -> per layer its linear layers (_Linear)
 
     def _linears(self, dtype: torch.dtype | None) -> list:
-        """Per layer the linear layers' (weight, bias), in ``dtype`` (made once: autocast casts them on every
-        forward pass and gets the same values) or as they are (None)."""
-        if dtype is None:
-            return [lin for lin, *_ in self.layers]
+        """Per layer its linear layers as _Linear, in ``dtype`` (weights cast once: autocast casts them on every
+        forward pass and gets the same values) or as they are (None); made on first use."""
         if dtype not in self._cast:
-            self._cast[dtype] = [tuple((w.detach().to(dtype), b.detach().to(dtype)) for w, b in lin)
-                                 for lin, *_ in self.layers]
+            self._cast[dtype] = [tuple(_Linear(w, b, dtype) for w, b in lin) for lin, *_ in self.layers]
         return self._cast[dtype]
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -88,11 +128,11 @@ class BertForward:
         """The transformer layers on the token states ``x``: ``to_heads`` turns a query, key or value projection
         into [B, heads, T, H / heads] for attention, ``from_heads`` the attention's output back into x's layout."""
         for (q_, k_, v_, out, ffn_in, ffn_out), (_, scale, out_norm, ffn_norm) in zip(self._linears(autocast), self.layers):
-            q, k, v = (to_heads(F.linear(x, w, b)) for w, b in (q_, k_, v_))
+            q, k, v = (to_heads(lin(x)) for lin in (q_, k_, v_))
             ctx = from_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale))
-            x = _norm(F.linear(ctx, *out) + x, out_norm)
-            h = F.gelu(F.linear(x, *ffn_in))
-            x = _norm(F.linear(h, *ffn_out) + x, ffn_norm)
+            x = _norm(out(ctx) + x, out_norm)
+            h = F.gelu(ffn_in(x))
+            x = _norm(ffn_out(h) + x, ffn_norm)
         return x
 
     def packed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,

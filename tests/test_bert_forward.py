@@ -32,7 +32,7 @@ def test_equals_bert_model_bit_for_bit(encoder, autocast):
         assert got.dtype == want.dtype and got.shape == want.shape
         assert torch.equal(got, want), (ids.shape, float((got - want).abs().max()))
     if autocast is not None:  # the weights were cast once, and kept
-        assert lean._cast[autocast][0][0][0].dtype == autocast and len(lean._cast) == 1
+        assert lean._cast[autocast][0][0].dtype == autocast and len(lean._cast) == 1
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
@@ -98,3 +98,34 @@ def test_models_it_does_not_reproduce_keep_their_forward(encoder):
     assert not BertForward.supports(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="does not reproduce"):
         BertForward(eager)
+
+
+def test_bf16_linear_layers_packed_for_onednn_give_f_linear_values(encoder, monkeypatch):
+    """Under bf16 autocast each linear layer's weight is cast and packed once (where oneDNN's packed product
+    passes its bit-for-bit check); the layer gives F.linear's values either way, and a packing whose check
+    fails is not used."""
+    import torch.nn.functional as F
+
+    from linearrag_torch import bert_forward
+
+    dense = encoder.model.encoder.layer[0].intermediate.dense
+    w, b = dense.weight.detach().bfloat16(), dense.bias.detach().bfloat16()
+    x = torch.randn(2, 7, dense.in_features, generator=torch.Generator().manual_seed(1))  # float32, cast as autocast
+    with torch.inference_mode():
+        layer = bert_forward._Linear(dense.weight, dense.bias, torch.bfloat16)
+        assert layer.dtype == torch.bfloat16 and (layer.packed is None) == (layer.weight is not None)
+        assert torch.equal(layer(x), F.linear(x.bfloat16(), w, b))
+        if bert_forward._onednn_ops() is None:
+            pytest.skip("this torch has no oneDNN: F.linear serves")
+
+        class WrongProducts:  # oneDNN ops whose packed product differs from F.linear
+            _reorder_linear_weight = staticmethod(lambda weight, rows: weight.clone())
+
+            @staticmethod
+            def _linear_pointwise(x, packed, bias, *args):
+                return F.linear(x, packed, bias) * 1.5
+
+        monkeypatch.setattr(bert_forward, "_onednn_ops", lambda: WrongProducts)
+        refused = bert_forward._Linear(dense.weight, dense.bias, torch.bfloat16)
+        assert refused.packed is None and torch.equal(refused(x), F.linear(x.bfloat16(), w, b))
+        assert bert_forward._Linear(dense.weight, dense.bias, None).packed is None  # float32: never packed
