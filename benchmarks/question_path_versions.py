@@ -46,34 +46,36 @@ def main(argv=None) -> int:
     rag = LinearRAG.load(args.index, device="cpu", **json.loads(args.load))
     if args.ner_processes:
         rag.start_ner_processes(args.ner_processes)
-    cfg = rag.config.replace(**json.loads(args.settings))
-    rag.retrieve(rag.encode_queries(qs[:8], cfg), cfg)  # warm-up: models, graph
-    rows = []
-    for b in args.batch_sizes:
-        n = max(b, 64)
-        t_enc = t_ret = 0.0
-        for start in range(0, n, b):
-            batch = [qs[i % len(qs)] for i in range(start, start + b)]
-            t0 = time.perf_counter()
-            enc = rag.encode_queries(batch, cfg)
-            t1 = time.perf_counter()
-            rag.retrieve(enc, cfg)
-            t_enc, t_ret = t_enc + t1 - t0, t_ret + time.perf_counter() - t1
-        row = {"batch": b, "encode_queries_ms": 1000 * t_enc / n, "retrieve_ms": 1000 * t_ret / n,
-               "end_to_end_ms": 1000 * (t_enc + t_ret) / n}
-        rows.append(row)
-        print(f"batch {b:4d}: encode_queries {row['encode_queries_ms']:6.2f}  retrieve {row['retrieve_ms']:6.2f}  "
-              f"end to end {row['end_to_end_ms']:6.2f} ms/question", file=sys.stderr)
-    if args.ranking:
-        out = rag.retrieve(rag.encode_queries(qs, cfg), cfg.replace(top_k=10))
-        with open(args.ranking, "w") as fh:
-            json.dump({"questions": qs, "indices": out.indices.tolist(), "scores": out.scores.tolist()}, fh)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"package": linearrag_torch.__file__, "settings": json.loads(args.settings),
-                       "load": json.loads(args.load), "ner_processes": args.ner_processes, "rows": rows}, fh, indent=2)
-    if args.ner_processes:
-        rag.close()
+    try:
+        cfg = rag.config.replace(**json.loads(args.settings))
+        rag.retrieve(rag.encode_queries(qs[:8], cfg), cfg)  # warm-up: models, graph
+        rows = []
+        for b in args.batch_sizes:
+            n = max(b, 64)
+            t_enc = t_ret = 0.0
+            for start in range(0, n, b):
+                batch = [qs[i % len(qs)] for i in range(start, start + b)]
+                t0 = time.perf_counter()
+                enc = rag.encode_queries(batch, cfg)
+                t1 = time.perf_counter()
+                rag.retrieve(enc, cfg)
+                t_enc, t_ret = t_enc + t1 - t0, t_ret + time.perf_counter() - t1
+            row = {"batch": b, "encode_queries_ms": 1000 * t_enc / n, "retrieve_ms": 1000 * t_ret / n,
+                   "end_to_end_ms": 1000 * (t_enc + t_ret) / n}
+            rows.append(row)
+            print(f"batch {b:4d}: encode_queries {row['encode_queries_ms']:6.2f}  retrieve {row['retrieve_ms']:6.2f}  "
+                  f"end to end {row['end_to_end_ms']:6.2f} ms/question", file=sys.stderr)
+        if args.ranking:
+            out = rag.retrieve(rag.encode_queries(qs, cfg), cfg.replace(top_k=10))
+            with open(args.ranking, "w") as fh:
+                json.dump({"questions": qs, "indices": out.indices.tolist(), "scores": out.scores.tolist()}, fh)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"package": linearrag_torch.__file__, "settings": json.loads(args.settings),
+                           "load": json.loads(args.load), "ner_processes": args.ner_processes, "rows": rows}, fh, indent=2)
+    finally:
+        if args.ner_processes:  # (older versions have no close())
+            rag.close()
     return 0
 
 
