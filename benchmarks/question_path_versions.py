@@ -43,11 +43,12 @@ def main(argv=None) -> int:
     from linearrag_torch import LinearRAG
 
     qs = [json.loads(line)["question"] for f in args.questions for line in open(f, encoding="utf-8") if line.strip()]
-    rag = LinearRAG.load(args.index, device="cpu", **json.loads(args.load))
+    load, settings = json.loads(args.load), json.loads(args.settings)
+    rag = LinearRAG.load(args.index, device="cpu", **load)
     if args.ner_processes:
         rag.start_ner_processes(args.ner_processes)
     try:
-        cfg = rag.config.replace(**json.loads(args.settings))
+        cfg = rag.config.replace(**settings)
         rag.retrieve(rag.encode_queries(qs[:8], cfg), cfg)  # warm-up: models, graph
         rows = []
         for b in args.batch_sizes:
@@ -71,8 +72,8 @@ def main(argv=None) -> int:
                 json.dump({"questions": qs, "indices": out.indices.tolist(), "scores": out.scores.tolist()}, fh)
         if args.json:
             with open(args.json, "w") as fh:
-                json.dump({"package": linearrag_torch.__file__, "settings": json.loads(args.settings),
-                           "load": json.loads(args.load), "ner_processes": args.ner_processes, "rows": rows}, fh, indent=2)
+                json.dump({"package": linearrag_torch.__file__, "settings": settings, "load": load,
+                           "ner_processes": args.ner_processes, "rows": rows}, fh, indent=2)
     finally:
         if args.ner_processes:  # (older versions have no close())
             rag.close()

@@ -28,21 +28,22 @@ def _onednn_ops():
 
 
 def _packed_bf16_weight(weight: torch.Tensor, bias: torch.Tensor | None):
-    """``weight`` (bfloat16, CPU) packed for oneDNN, or None where torch lacks the op, packing fails, or the
-    packed product is not F.linear's bit for bit on a few row counts (then F.linear serves)."""
+    """(``weight`` (bfloat16, CPU) packed for oneDNN, the product op that takes it), or None where torch lacks the
+    op, packing fails, or the packed product is not F.linear's bit for bit on a few row counts (then F.linear
+    serves)."""
     ops = _onednn_ops()
     if weight.device.type != "cpu" or ops is None:
         return None
     try:
-        packed = ops._reorder_linear_weight(weight, 32)
+        packed, product = ops._reorder_linear_weight(weight, 32), ops._linear_pointwise
         g = torch.Generator().manual_seed(0)
         for rows in ((1,), (26,), (3, 40)):
             x = torch.randn(*rows, weight.shape[1], generator=g).to(weight.dtype)
-            if not torch.equal(ops._linear_pointwise(x, packed, bias, "none", [], ""), F.linear(x, weight, bias)):
+            if not torch.equal(product(x, packed, bias, "none", [], ""), F.linear(x, weight, bias)):
                 return None
     except (RuntimeError, AttributeError, NotImplementedError):
         return None
-    return packed
+    return packed, product
 
 
 class _Linear:
@@ -54,14 +55,15 @@ class _Linear:
         if dtype is not None:
             weight, bias = weight.detach().to(dtype), None if bias is None else bias.detach().to(dtype)
         self.bias, self.dtype = bias, dtype
-        self.packed = _packed_bf16_weight(weight, bias) if dtype == torch.bfloat16 else None
+        packing = _packed_bf16_weight(weight, bias) if dtype == torch.bfloat16 else None
+        self.packed, self._product = packing if packing is not None else (None, None)
         self.weight = weight if self.packed is None else None  # the packed copy replaces it
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.dtype is not None:
             x = x.to(self.dtype)  # what autocast does to F.linear's input
         if self.packed is not None:
-            return _onednn_ops()._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            return self._product(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
 
