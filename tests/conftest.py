@@ -32,6 +32,24 @@ def write_jsonl(path, objs):
     return Path(path)
 
 
+def two_data_folders(tmp_path, small_corpus, small_questions, small_rag):
+    """(cache, [setA, setB]) for the benchmarks' --data runs: two folders with the small corpus and three of the
+    chosen questions each, and a benchmarks.quality cache holding the small index, so that a run builds nothing."""
+    from benchmarks import quality
+
+    cache = tmp_path / "cache"
+    folder = cache / quality.cache_key(small_corpus, quality.IndexConfig())[:24]
+    small_rag.save(folder / "index")
+    (folder / "build.json").write_text(json.dumps({"build_s": 1.0}))
+    folders = []
+    for name, qs in (("setA", small_questions[:3]), ("setB", small_questions[3:])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "corpus.jsonl").write_bytes(small_corpus.read_bytes())
+        write_jsonl(tmp_path / name / "questions.jsonl", qs)
+        folders.append(tmp_path / name)
+    return cache, folders
+
+
 def index_without_setting(index_dir, dst, field: str):
     """A copy of index folder ``index_dir`` at ``dst`` whose index.json lacks index_config[field], as an
     index written before that setting existed; returns ``dst``."""

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from benchmarks import quality
-from conftest import write_jsonl
+from conftest import two_data_folders
 
 
 def test_per_hop_recall_by_position_in_supporting_ids():
@@ -21,16 +21,7 @@ def test_per_hop_recall_by_position_in_supporting_ids():
 
 
 def test_one_run_over_two_data_folders(tmp_path, small_corpus, small_questions, small_rag, capsys):
-    cache = tmp_path / "cache"
-    # a cached index for the small corpus, so that the run builds nothing
-    key = quality.cache_key(small_corpus, quality.IndexConfig())
-    folder = cache / key[:24]
-    small_rag.save(folder / "index")
-    (folder / "build.json").write_text(json.dumps({"build_s": 1.0}))
-    for name, qs in (("setA", small_questions[:3]), ("setB", small_questions[3:])):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "corpus.jsonl").write_bytes(small_corpus.read_bytes())
-        write_jsonl(tmp_path / name / "questions.jsonl", qs)
+    cache, _ = two_data_folders(tmp_path, small_corpus, small_questions, small_rag)
     out = tmp_path / "multi.json"
     rc = quality.main(["--data", str(tmp_path / "setA"), str(tmp_path / "setB"), "--cache", str(cache),
                        "--modes", "no_chain", "chain", "dense", "--json", str(out)])

@@ -1,8 +1,8 @@
 """benchmarks.rerank_headroom: the reorderings by hand, and a run on the small corpus."""
 import json
 
-from benchmarks import quality, rerank_headroom as rh
-from conftest import write_jsonl
+from benchmarks import rerank_headroom as rh
+from conftest import two_data_folders
 
 
 def test_reorderings_and_recall_by_hand():
@@ -19,14 +19,7 @@ def test_reorderings_and_recall_by_hand():
 
 def test_run_on_two_sets_reports_the_default_oracles_and_cosine_rerank(tmp_path, small_corpus, small_questions,
                                                                         small_rag):
-    cache = tmp_path / "cache"
-    folder = cache / quality.cache_key(small_corpus, quality.IndexConfig())[:24]
-    small_rag.save(folder / "index")
-    (folder / "build.json").write_text(json.dumps({"build_s": 1.0}))
-    for name, qs in (("setA", small_questions[:3]), ("setB", small_questions[3:])):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "corpus.jsonl").write_bytes(small_corpus.read_bytes())
-        write_jsonl(tmp_path / name / "questions.jsonl", qs)
+    cache, _ = two_data_folders(tmp_path, small_corpus, small_questions, small_rag)
     out = tmp_path / "headroom.json"
     assert rh.main(["--data", str(tmp_path / "setA"), str(tmp_path / "setB"), "--cache", str(cache),
                     "--json", str(out)]) == 0
