@@ -21,9 +21,9 @@ def test_per_hop_recall_by_position_in_supporting_ids():
 
 
 def test_one_run_over_two_data_folders(tmp_path, small_corpus, small_questions, small_rag, capsys):
-    cache, _ = two_data_folders(tmp_path, small_corpus, small_questions, small_rag)
+    cache, (set_a, set_b) = two_data_folders(tmp_path, small_corpus, small_questions, small_rag)
     out = tmp_path / "multi.json"
-    rc = quality.main(["--data", str(tmp_path / "setA"), str(tmp_path / "setB"), "--cache", str(cache),
+    rc = quality.main(["--data", str(set_a), str(set_b), "--cache", str(cache),
                        "--modes", "no_chain", "chain", "dense", "--json", str(out)])
     assert rc == 0
     res = json.loads(out.read_text())

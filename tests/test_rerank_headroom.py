@@ -1,6 +1,8 @@
 """benchmarks.rerank_headroom: the reorderings by hand, and a run on the small corpus."""
 import json
 
+import pytest
+
 from benchmarks import rerank_headroom as rh
 from conftest import two_data_folders
 
@@ -19,9 +21,9 @@ def test_reorderings_and_recall_by_hand():
 
 def test_run_on_two_sets_reports_the_default_oracles_and_cosine_rerank(tmp_path, small_corpus, small_questions,
                                                                         small_rag):
-    cache, _ = two_data_folders(tmp_path, small_corpus, small_questions, small_rag)
+    cache, (set_a, set_b) = two_data_folders(tmp_path, small_corpus, small_questions, small_rag)
     out = tmp_path / "headroom.json"
-    assert rh.main(["--data", str(tmp_path / "setA"), str(tmp_path / "setB"), "--cache", str(cache),
+    assert rh.main(["--data", str(set_a), str(set_b), "--cache", str(cache),
                     "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert set(res["datasets"]) == {"setA", "setB"}
@@ -43,3 +45,12 @@ def test_run_on_two_sets_reports_the_default_oracles_and_cosine_rerank(tmp_path,
         c = d["cosine_top10"]
         assert c["recall@10"] == d["default"]["recall@10"] and c["recall@20"] == d["default"]["recall@20"]
         assert 0.0 <= c["recall@2"] <= 100.0
+
+
+def test_a_missing_file_or_a_bad_override_is_named(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        rh.main(["--data", str(tmp_path / "nowhere")])
+    assert exc.value.code == 2 and str(tmp_path / "nowhere" / "corpus.jsonl") in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        rh.main(["--data", str(tmp_path), "--set", "lam"])
+    assert exc.value.code == 2 and "--set expects FIELD=VALUE, got 'lam'" in capsys.readouterr().err
