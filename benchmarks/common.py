@@ -4,6 +4,7 @@ prepare (arguments, device, inputs) -> run (the measurements, as rows) -> report
 """
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
@@ -26,6 +27,22 @@ DEFAULT_STATS = {"sentences_per_passage": 4.53, "entities_per_sentence": 4.375, 
 
 def log(msg: str) -> None:
     print(msg, flush=True)
+
+
+def setting_overrides(items: list, flag: str, error) -> dict:
+    """{field: value} from a command line's FIELD=VALUE items (``flag``, e.g. --set): VALUE as JSON where it parses
+    (0, 0.5, true, "paper"), true / false in any case, else the string itself; ``error(message)`` (an argparse
+    parser's error) for an item without '='."""
+    out = {}
+    for item in items:
+        field, sep, value = item.partition("=")
+        if not sep or not field:
+            error(f"{flag} expects FIELD=VALUE, got {item!r}")
+        try:
+            out[field] = json.loads(value)
+        except json.JSONDecodeError:
+            out[field] = {"true": True, "false": False}.get(value.lower(), value)
+    return out
 
 
 def pick_device(name: str) -> torch.device:

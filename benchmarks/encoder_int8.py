@@ -25,6 +25,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from benchmarks.common import setting_overrides  # noqa: E402
 from linearrag_torch import LinearRAG  # noqa: E402
 from linearrag_torch.corpus import read_questions  # noqa: E402
 
@@ -93,13 +94,7 @@ def main(argv=None) -> int:
     ap.add_argument("--override", nargs="+", default=[], metavar="FIELD=VALUE",
                     help="retrieval settings to change (VALUE as JSON: chain_passages=0, mode=\"paper\")")
     args = ap.parse_args(argv)
-    overrides = {}
-    for item in args.override:
-        field, _, value = item.partition("=")
-        try:
-            overrides[field] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[field] = value
+    overrides = setting_overrides(args.override, "--override", ap.error)
     if args.threads:
         torch.set_num_threads(args.threads)
     out = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,

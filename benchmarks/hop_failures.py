@@ -24,6 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from benchmarks.common import setting_overrides  # noqa: E402
 from benchmarks.quality import DEFAULT_CACHE, encode, load_or_build  # noqa: E402
 from linearrag_torch import engine  # noqa: E402
 from linearrag_torch.config import RetrievalConfig  # noqa: E402
@@ -32,15 +33,6 @@ from linearrag_torch.corpus import read_questions  # noqa: E402
 
 def rank_bucket(r: int) -> str:
     return "top5" if r < 5 else "6-20" if r < 20 else "21-100" if r < 100 else ">100"
-
-
-def parse_value(v: str):
-    for conv in (int, float):
-        try:
-            return conv(v)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(v.lower(), v)
 
 
 def analyse(rag, questions, cfg: RetrievalConfig) -> dict:
@@ -128,9 +120,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="RetrievalConfig overrides")
     args = ap.parse_args(argv)
+    cfg = RetrievalConfig().replace(**setting_overrides(args.set, "--set", ap.error))
     questions = read_questions(args.data / "questions.jsonl")
     rag, _ = load_or_build(args.data / "corpus.jsonl", args.cache.expanduser())
-    cfg = RetrievalConfig().replace(**{k: parse_value(v) for k, v in (s.split("=", 1) for s in args.set)})
     summary, rows = analyse(rag, questions, cfg)
     print(json.dumps(summary, indent=1))
     if args.json:

@@ -26,7 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from benchmarks.hop_failures import parse_value  # noqa: E402
+from benchmarks.common import setting_overrides  # noqa: E402
 from benchmarks.quality import DEFAULT_CACHE, encode, load_or_build  # noqa: E402
 from linearrag_torch.config import RetrievalConfig  # noqa: E402
 from linearrag_torch.corpus import read_questions  # noqa: E402
@@ -84,12 +84,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"index cache folder (default {DEFAULT_CACHE})")
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="RetrievalConfig overrides")
     args = ap.parse_args(argv)
-    cfg = RetrievalConfig()
-    for kv in args.set:
-        field, sep, value = kv.partition("=")
-        if not sep:
-            ap.error(f"--set expects FIELD=VALUE, got {kv!r}")
-        cfg = cfg.replace(**{field: parse_value(value)})
+    cfg = RetrievalConfig().replace(**setting_overrides(args.set, "--set", ap.error))
     results = {"config": cfg.to_dict(), "datasets": {}}
     for data in args.data:
         for name in ("corpus.jsonl", "questions.jsonl"):

@@ -56,3 +56,15 @@ def test_kernels_benchmark_checks_agreement_and_writes_plot(tmp_path):
     assert {"ppr_step", "personalized_pagerank", "reference activation", "passage_reset (eq. 7)"} <= ops
     assert all(r["max_abs_diff_vs_unfused"] < 1e-4 for r in res["rows"])
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_setting_overrides_parse_values_and_name_a_malformed_item():
+    from benchmarks.common import setting_overrides
+
+    errors = []
+    got = setting_overrides(["chain_passages=0", "lam=0.5", "lexicon_seeds=False", "mode=paper", 'mode2="paper"',
+                             "flag=true"], "--set", errors.append)
+    assert got == {"chain_passages": 0, "lam": 0.5, "lexicon_seeds": False, "mode": "paper", "mode2": "paper",
+                   "flag": True} and errors == []
+    setting_overrides(["lam"], "--override", errors.append)
+    assert errors == ["--override expects FIELD=VALUE, got 'lam'"]
