@@ -85,11 +85,12 @@ def main(argv=None) -> int:
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="RetrievalConfig overrides")
     args = ap.parse_args(argv)
     cfg = RetrievalConfig().replace(**setting_overrides(args.set, "--set", ap.error))
-    results = {"config": cfg.to_dict(), "datasets": {}}
-    for data in args.data:
+    for data in args.data:  # every folder checked before the first index loads
         for name in ("corpus.jsonl", "questions.jsonl"):
             if not (data / name).is_file():
                 ap.error(f"{data / name}: not found")
+    results = {"config": cfg.to_dict(), "datasets": {}}
+    for data in args.data:
         rag, _ = load_or_build(data / "corpus.jsonl", args.cache)
         questions = read_questions(str(data / "questions.jsonl"))
         res = headroom(rag, questions, cfg)
