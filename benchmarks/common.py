@@ -13,10 +13,10 @@ import time
 import numpy as np
 import torch
 
-from linearrag_torch.engine import DeviceGraph
+from linearrag_torch.retrieval.engine import DeviceGraph
 from linearrag_torch.kernels.backends import torch_scatter_available, triton_available
-from linearrag_torch.memory import status_bytes
-from linearrag_torch.pagerank import StepObserver, observe_steps
+from linearrag_torch.retrieval.memory import status_bytes
+from linearrag_torch.retrieval.pagerank import StepObserver, observe_steps
 from linearrag_torch.synthetic import index_from_mentions, random_embeddings, random_mentions
 
 # used when no real corpus was measured: the generator calibrated on 2WikiMultiHopQA in our run

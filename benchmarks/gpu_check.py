@@ -32,9 +32,9 @@ import torch  # noqa: E402
 
 from benchmarks.common import StepMeter, kernel_backends, log, make_graph, sync, timed  # noqa: E402
 from benchmarks.kernels import run_cases  # noqa: E402
-from linearrag_torch import reference  # noqa: E402
+from linearrag_torch.retrieval import scipy_backend  # noqa: E402
 from linearrag_torch.config import RetrievalConfig  # noqa: E402
-from linearrag_torch.engine import DeviceGraph, retrieve  # noqa: E402
+from linearrag_torch.retrieval.engine import DeviceGraph, retrieve  # noqa: E402
 from linearrag_torch.kernels.backends import kernels_mode, triton_available  # noqa: E402
 from linearrag_torch.synthetic import random_queries  # noqa: E402
 
@@ -82,7 +82,7 @@ def agreement(device, P: int, B: int, seed: int) -> dict:
     dev_graph, cpu_graph = DeviceGraph(index, device), DeviceGraph(index, "cpu")
     for mode in ("reference", "paper"):
         cfg = RetrievalConfig(mode=mode, delta=0.25, top_k=10)
-        want = reference.retrieve(index, queries, cfg)
+        want = scipy_backend.retrieve(index, queries, cfg)
         cpu = retrieve(cpu_graph, queries, cfg)
         res = {"device_vs_scipy": compare(retrieve(dev_graph, queries, cfg), want),
                "cpu_torch_vs_scipy": compare(cpu, want)}
@@ -147,10 +147,10 @@ def question_path(device, corpus, questions_file, max_passages, batches, log, wo
     """Section 5: index ``corpus`` with the device's encoder, then time rag.search end to end and by stage
     (wall time, synchronised) at each batch size; top-k of the device against the CPU on that index."""
     from linearrag_torch import LinearRAG
-    from linearrag_torch.build import build_index
+    from linearrag_torch.indexing.build import build_index
     from linearrag_torch.config import IndexConfig
     from linearrag_torch.corpus import read_corpus, read_questions
-    from linearrag_torch.pipeline import StageTimings
+    from linearrag_torch.retrieval.pipeline import StageTimings
 
     passages = read_corpus(corpus)[:max_passages] if max_passages else read_corpus(corpus)
     qs = [q["question"] for q in read_questions(questions_file)]

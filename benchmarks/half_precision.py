@@ -41,11 +41,11 @@ from benchmarks.quality import DEFAULT_CACHE, TOP_K, cache_key, encode, evaluate
 from linearrag_torch import LinearRAG  # noqa: E402
 from linearrag_torch.config import IndexConfig, RetrievalConfig  # noqa: E402
 from linearrag_torch.corpus import read_questions  # noqa: E402
-from linearrag_torch.engine import DeviceGraph, native_half  # noqa: E402
+from linearrag_torch.retrieval.engine import DeviceGraph, native_half  # noqa: E402
 from linearrag_torch.index import TriGraphIndex  # noqa: E402
 from linearrag_torch.index.graph import EMBEDDING_TORCH_DTYPES  # noqa: E402
 from linearrag_torch.index.layout import EMBEDDINGS  # noqa: E402
-from linearrag_torch.metrics import normalize_answer  # noqa: E402
+from linearrag_torch.answers.scoring import normalize_answer  # noqa: E402
 
 DATASETS = Path("/work/shared/datasets")
 DEFAULT_DATA = [DATASETS / n for n in ("hotpotqa_train100", "musique_dev200", "2wiki")]

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 from benchmarks.common import setting_overrides  # noqa: E402
 from benchmarks.quality import DEFAULT_CACHE, encode, load_or_build  # noqa: E402
-from linearrag_torch import engine  # noqa: E402
+from linearrag_torch.retrieval import engine  # noqa: E402
 from linearrag_torch.config import RetrievalConfig  # noqa: E402
 from linearrag_torch.corpus import read_questions  # noqa: E402
 

@@ -19,10 +19,10 @@ import torch
 
 from benchmarks.common import kernel_backends, make_graph, timed
 from linearrag_torch import kernels
-from linearrag_torch.activation import nearest_entities
+from linearrag_torch.retrieval.activation import nearest_entities
 from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.kernels.backends import kernels_mode, torch_scatter_available, triton_available
-from linearrag_torch.pagerank import PPRGraph, personalized_pagerank
+from linearrag_torch.retrieval.pagerank import PPRGraph, personalized_pagerank
 from linearrag_torch.synthetic import random_queries
 from linearrag_torch.testing import passage_reset, ppr_step_reference, propagate_reference, seed_entities, sigma_pair
 

@@ -5,8 +5,8 @@
 
 DATA holds corpus.jsonl and questions.jsonl ({id, question, answers: [aliases], optional supporting_ids,
 type}). The index is INDEX_DIR when given, else built once and cached as in benchmarks.quality. Each
-question's top-k passages go to the model (linearrag_torch.generation.answer_batch); the parsed answer
-is scored with exact match, token F1 and containment (linearrag_torch.metrics) and, unless --no-judge,
+question's top-k passages go to the model (linearrag_torch.answers.generation.answer_batch); the parsed answer
+is scored with exact match, token F1 and containment (linearrag_torch.answers.scoring) and, unless --no-judge,
 by an LLM judge; beside them recall@k of the passages shown, tokens and time, overall and per question
 type. Metric definitions: benchmarks/README.md ("Answer quality"). Replies are cached on disk, so a
 rerun costs no tokens.
@@ -27,8 +27,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from linearrag_torch import LinearRAG  # noqa: E402
 from linearrag_torch.corpus import InputError, read_questions  # noqa: E402
-from linearrag_torch.generation import LLMError, add_llm_flags, answer_batch, judge_batch, llm_from_args  # noqa: E402
-from linearrag_torch.metrics import answer_scores, recall_at_k  # noqa: E402
+from linearrag_torch.answers.generation import LLMError, add_llm_flags, answer_batch, judge_batch, llm_from_args  # noqa: E402
+from linearrag_torch.answers.scoring import answer_scores, recall_at_k  # noqa: E402
 
 METRICS = ("em", "f1", "contains", "contains_words", "judge", "recall")  # the order of the table and the plot
 LABELS = {"em": "EM", "f1": "F1", "contains": "contains", "contains_words": "contains (words)", "judge": "judge",

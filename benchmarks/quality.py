@@ -29,10 +29,10 @@ import torch  # noqa: E402
 
 from linearrag_torch import LinearRAG  # noqa: E402
 from linearrag_torch.api import resolve_device  # noqa: E402
-from linearrag_torch.encoding import resolve_precision  # noqa: E402
+from linearrag_torch.indexing.encoding import resolve_precision  # noqa: E402
 from linearrag_torch.config import IndexConfig, RetrievalConfig  # noqa: E402
 from linearrag_torch.corpus import read_questions  # noqa: E402
-from linearrag_torch.metrics import answer_in_context, normalize_answer  # noqa: E402,F401
+from linearrag_torch.answers.scoring import answer_in_context, normalize_answer  # noqa: E402,F401
 from linearrag_torch.queries import EncodedQueries, Retrieved  # noqa: E402
 
 TOP_K = 10
@@ -125,7 +125,7 @@ def _base_index_config(args) -> IndexConfig:
 
 
 # ---------------------------------------------------------------------------------------- metrics
-# normalize_answer / answer_in_context: linearrag_torch.metrics (shared with benchmarks.qa)
+# normalize_answer / answer_in_context: linearrag_torch.answers.scoring (shared with benchmarks.qa)
 
 
 def per_question_metrics(ranked_ids: list, gold: list, answers: list, passage_norm) -> dict:
@@ -330,15 +330,15 @@ def _seed_sets(rag, enc, cfg):
     """Seed entities (eq. 3) per question on both backends, as {entity: score}; (None, None) if the
     internal functions are not available."""
     try:
-        from linearrag_torch import engine, reference
-        from linearrag_torch.activation import dense_seeds
+        from linearrag_torch.retrieval import engine, scipy_backend
+        from linearrag_torch.retrieval.activation import dense_seeds
 
         keys, vals, _ = engine.activate_pairs(rag.graph, enc.to(rag.device), cfg)
         seeds, is_seed = dense_seeds(keys, vals, rag.graph.entity_emb.shape[0], enc.batch_size)
         names = rag.index.entities
         st = [{names[e]: round(float(seeds[e, b]), 9) for e in torch.nonzero(is_seed[:, b]).flatten().tolist()}
               for b in range(enc.batch_size)]
-        sd = reference.seeds(rag.index, enc.entity_emb.cpu().double().numpy(), enc.entity_owner.cpu().numpy(),
+        sd = scipy_backend.seeds(rag.index, enc.entity_emb.cpu().double().numpy(), enc.entity_owner.cpu().numpy(),
                              enc.batch_size)
         ss = [{names[e]: round(float(v), 9) for e, v in d.items()} for d in sd]
         return st, ss

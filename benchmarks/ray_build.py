@@ -25,7 +25,8 @@ import torch
 
 from benchmarks.common import machine
 from benchmarks.compare_indexes import compare
-from linearrag_torch import LinearRAG, ray_build
+from linearrag_torch import LinearRAG
+from linearrag_torch.indexing import ray_build
 from linearrag_torch.config import IndexConfig
 from linearrag_torch.corpus import read_corpus, read_questions
 

@@ -30,12 +30,10 @@ from benchmarks.common import (  # noqa: E402
     DEFAULT_STATS, StepMeter, log, machine, peak_memory, pick_device, reset_peak_memory, sync, synthetic_embeddings,
     synthetic_mentions,
 )
-from linearrag_torch import reference  # noqa: E402
+from linearrag_torch.retrieval import scipy_backend  # noqa: E402
 from linearrag_torch.config import IndexConfig, RetrievalConfig  # noqa: E402
-from linearrag_torch.engine import DeviceGraph, retrieve  # noqa: E402
-from linearrag_torch.synthetic import (  # noqa: E402
-    index_from_mentions, random_embeddings, random_mentions, random_queries,
-)
+from linearrag_torch.retrieval.engine import DeviceGraph, retrieve  # noqa: E402
+from linearrag_torch.synthetic import index_from_mentions, random_embeddings, random_mentions, random_queries
 
 DATE = "2026-11-30"  # the date of our recorded runs (benchmarks/results/scaling_cpu.json)
 DEFAULT_SIZES = (10_000, 30_000, 100_000, 300_000, 1_000_000)
@@ -62,11 +60,11 @@ def measure_real_corpus(folder: Path, encode_sample: int = 256, seed: int = 0) -
     """Index the real corpus in ``folder``/corpus.jsonl with build_index (stage times: NER, graph,
     counts; a stand-in encoder), time the device graph, estimate encoding from samples with the real
     encoder, and return the statistics the synthetic corpora copy."""
-    from linearrag_torch.build import build_index
+    from linearrag_torch.indexing.build import build_index
     from linearrag_torch.index import passage_text
     from linearrag_torch.corpus import read_corpus
-    from linearrag_torch.encoding import Encoder
-    from linearrag_torch.nlp import load_spacy
+    from linearrag_torch.indexing.encoding import Encoder
+    from linearrag_torch.indexing.nlp import load_spacy
 
     cfg = IndexConfig()
     passages = read_corpus(folder / "corpus.jsonl")
@@ -290,7 +288,7 @@ def time_scipy(index, prepared, batch: int, cfg, max_questions: int, seed: int):
     for c in range(calls):
         q = random_queries(index, n, seed=seed + c)
         t, tc = time.perf_counter(), time.process_time()
-        reference.retrieve(index, q, cfg, prepared=prepared)
+        scipy_backend.retrieve(index, q, cfg, prepared=prepared)
         total += time.perf_counter() - t
         cpu += time.process_time() - tc
         questions += n
@@ -323,7 +321,7 @@ def run_size(passages, stats, args, device, log):
     gc.collect()
     if "scipy" in args.backends:
         t = time.perf_counter()
-        prepared = reference.prepare(index, cfg)
+        prepared = scipy_backend.prepare(index, cfg)
         prepare_s = time.perf_counter() - t
         for batch in args.batch:
             r = time_scipy(index, prepared, batch, cfg, args.scipy_questions, args.seed + 1000 * batch)
@@ -470,7 +468,7 @@ def parse_args(argv=None):
                     help="keep the sizes and rows of an existing --json file that this run does not redo")
     args = ap.parse_args(argv)
     if args.memory_budget:
-        from linearrag_torch.memory import parse_bytes
+        from linearrag_torch.retrieval.memory import parse_bytes
 
         args.memory_budget = parse_bytes(args.memory_budget)
     return args
@@ -482,7 +480,7 @@ def prepare(args):
     Returns (device, malloc_kept, stats, real, generator, sizes, rows)."""
     device = pick_device(args.device)
     torch.set_num_threads(args.threads)
-    from linearrag_torch.memory import keep_freed_memory
+    from linearrag_torch.retrieval.memory import keep_freed_memory
 
     malloc_kept = False if args.glibc_default else keep_freed_memory()
     try:  # the reference's BLAS gets the same number of threads

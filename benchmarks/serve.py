@@ -42,7 +42,7 @@ import torch
 from benchmarks.common import machine
 from linearrag_torch.client import retry_after_seconds
 from linearrag_torch.corpus import read_questions
-from linearrag_torch.memory import status_bytes
+from linearrag_torch.retrieval.memory import status_bytes
 
 DEFAULT_CONCURRENCY = (1, 8, 32, 128)
 CLIENTS_PER_PROCESS = 32  # a client process holds at most this many connections by default (benchmarks/README.md)

@@ -4,7 +4,7 @@
                                     [--batch-sizes 1 8 64 256] [--onnx] [--bf16] [--int8] [--threads N] ...
 
 Each batch goes through ``rag.search(batch, timings=t)``: the stages are the library's own
-(linearrag_torch.pipeline.STAGES: ner, lexicon, encoder, graph), "end_to_end" is the wall time of the
+(linearrag_torch.retrieval.pipeline.STAGES: ner, lexicon, encoder, graph), "end_to_end" is the wall time of the
 search calls (stages plus input checks and hit lists). Each batch size times the first
 ``max(batch, --min-questions)`` distinct questions of the files (recycled, and reported as fewer
 ``unique_questions``, when there are not enough: the encoder encodes a repeated question once, so
@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 from linearrag_torch import LinearRAG  # noqa: E402
 from linearrag_torch.corpus import read_questions  # noqa: E402
-from linearrag_torch.pipeline import STAGES, StageTimings  # noqa: E402
+from linearrag_torch.retrieval.pipeline import STAGES, StageTimings  # noqa: E402
 
 COLUMNS = STAGES + ("end_to_end",)
 

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import engine, reference
+from .retrieval import engine, scipy_backend
 from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig
 from .corpus import Passage, as_passages, check_new_ids, check_question, read_corpus
 from .index import TriGraphIndex
@@ -82,7 +82,7 @@ class LinearRAG:
     def build(cls, corpus, index_config: IndexConfig | None = None, config: RetrievalConfig | None = None,
               device="auto", progress: bool = True, nlp=None, encoder=None) -> "LinearRAG":
         """Index ``corpus``: a JSONL path, or a list of Passage / dicts with "text" (and "id", "title")."""
-        from .build import build_index
+        from .indexing.build import build_index
 
         dev = resolve_device(device)
         passages = _read_passages(corpus)
@@ -114,7 +114,7 @@ class LinearRAG:
         the index built from all passages at once. A missing id defaults to the passage's position
         in the grown index. An id already in the index (or repeated) raises InputError naming it and
         its line; the index is then unchanged. Two passages with the same text stay two passages."""
-        from .build import add_passages
+        from .indexing.build import add_passages
 
         passages = _read_passages(corpus, first_id=self.index.num_passages)
         check_new_ids(passages, self.index.passage_ids, source=corpus if _is_path(corpus) else None)
@@ -127,7 +127,7 @@ class LinearRAG:
         and entities no remaining passage has, in memory; call save() to write it. The result equals
         the index built without them (embeddings are kept, not recomputed). An unknown id raises
         ValueError naming it; the index is then unchanged."""
-        from .build import delete_passages
+        from .indexing.build import delete_passages
 
         ids = [ids] if isinstance(ids, (int, str)) else list(ids)
         self._set_index(delete_passages(self.index, ids))
@@ -152,7 +152,7 @@ class LinearRAG:
         of each batch too). A batch of fewer than 16 questions still runs here alone. For machines with cores to
         spare while NER runs; the entities are those of this process's NER. 0 stops them. Returns the pool (or
         None). close() stops it too."""
-        from .nlp import NERPool
+        from .indexing.nlp import NERPool
 
         self.close()
         if processes > 0:
@@ -194,7 +194,7 @@ class LinearRAG:
     @property
     def pipeline(self):
         """The question path (pipeline.QuestionPipeline): NER, lexicon, encoder stages."""
-        from .pipeline import QuestionPipeline
+        from .retrieval.pipeline import QuestionPipeline
 
         p = self._pipeline
         if (p is None or p.index is not self.index or p.nlp is not self.nlp or p.encoder is not self.encoder
@@ -216,7 +216,7 @@ class LinearRAG:
         takes its stored vector (``reuse_index_vectors=False`` encodes it again: equal up to ~1e-7;
         None: the attribute rag.reuse_index_vectors, True unless set).
         ``timings``: a dict to which the seconds of the stages "ner", "lexicon", "encoder" are added
-        (linearrag_torch.pipeline)."""
+        (linearrag_torch.retrieval.pipeline)."""
         for q in questions:
             check_question(q)
         pipe = self.pipeline
@@ -228,7 +228,7 @@ class LinearRAG:
                  timings: dict | None = None) -> Retrieved:
         """Rank passages for encoded questions with the torch engine or the scipy reference
         (``timings``: seconds added to timings["graph"])."""
-        from .pipeline import stage
+        from .retrieval.pipeline import stage
 
         cfg = config or self.config
         if backend not in BACKENDS:
@@ -236,7 +236,7 @@ class LinearRAG:
         with stage(timings, "graph"):
             if backend == "torch":
                 return engine.retrieve(self.graph, queries, cfg)
-            return reference.retrieve(self.index, queries.to("cpu"), cfg)
+            return scipy_backend.retrieve(self.index, queries.to("cpu"), cfg)
 
     def search(self, questions, top_k: int | None = None, backend: str = "torch", *, timings: dict | None = None,
                **overrides) -> list[list[Hit]]:
@@ -258,7 +258,7 @@ class LinearRAG:
         """Answers from a chat model given each question's top-k passages (see generation.answer_batch):
         an Answer (answer, reply, passages, ...) per question, or one for a single string. ``llm``: a
         generation.LLM, a dict of its arguments, or None (LINEARRAG_LLM_* environment variables)."""
-        from .generation import answer_batch
+        from .answers.generation import answer_batch
 
         out = answer_batch(self, questions, llm, top_k, **overrides)
         return out[0] if isinstance(questions, str) else out
@@ -320,7 +320,7 @@ def _read_passages(corpus, first_id: int = 0) -> list[Passage]:
 
 
 def _load_nlp(cfg: IndexConfig):
-    from .nlp import load_spacy
+    from .indexing.nlp import load_spacy
 
     return load_spacy(cfg.spacy_model)
 
@@ -335,7 +335,7 @@ def _with_precision(encoder, precision: str):
 def load_question_encoder(cfg: IndexConfig, device, quantize: str | None = None, backend: str = "torch"):
     """The question encoder of an index made with ``cfg``: its model, in float32 whatever the index was
     encoded in, or as ``quantize`` asks, on ``backend`` (LinearRAG.__init__)."""
-    from .encoding import native_bf16
+    from .indexing.encoding import native_bf16
 
     if quantize == "bfloat16" and not native_bf16(device):
         warnings.warn(f"quantize='bfloat16': {torch.device(device)} has no native bf16 (AMX-BF16, AVX512-BF16 or CUDA), "
@@ -350,7 +350,7 @@ def load_question_encoder(cfg: IndexConfig, device, quantize: str | None = None,
 
 
 def _load_encoder(cfg: IndexConfig, device, quantize: str | None = None, backend: str = "torch"):
-    from .encoding import Encoder
+    from .indexing.encoding import Encoder
 
     return Encoder(cfg.encoder, device=str(device), max_length=cfg.max_length, batch_size=cfg.batch_size,
                    quantize=quantize, precision=cfg.encoder_precision, backend=backend)

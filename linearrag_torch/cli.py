@@ -79,7 +79,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _device_arg(p)
     _add_settings(p, stored=False)
-    from .ray_build import add_flags as add_ray_flags
+    from .indexing.ray_build import add_flags as add_ray_flags
 
     add_ray_flags(p)
 
@@ -144,7 +144,7 @@ def parser() -> argparse.ArgumentParser:
                                     "replicas, one per GPU where the cluster has GPUs (pip install "
                                     "'linearrag_torch[ray]').")
     sv.add_argument("index_dir", metavar="INDEX_DIR")
-    from .generation import add_llm_flags
+    from .answers.generation import add_llm_flags
     from .serve.ray_app import add_flags as add_ray_flags
     from .serve.settings import add_flags as add_serve_flags
 
@@ -167,7 +167,7 @@ def parser() -> argparse.ArgumentParser:
                          '"cached", "usage", "passages": [{"id", "score", "title"}]}')
     an.add_argument("--batch-size", type=_positive_int, default=256, help="questions per retrieval call (default %(default)s)")
     _device_arg(an)
-    from .generation import add_llm_flags
+    from .answers.generation import add_llm_flags
 
     add_llm_flags(an)
     _add_settings(an, stored=True)
@@ -194,7 +194,7 @@ def cmd_index(args) -> int:
 
     existing = Path(args.index_dir).is_dir()  # replacing an index: lock before the work, not only to write
     with index_lock(args.index_dir) if existing else nullcontext():
-        from .ray_build import build as ray_build, options_from_args
+        from .indexing.ray_build import build as ray_build, options_from_args
 
         ray = options_from_args(args)  # None without --ray
         if ray is not None:
@@ -243,7 +243,7 @@ def _update_index(index_dir: str, device: str, change, verb: str, preposition: s
 
 
 def cmd_add(args) -> int:
-    from .ray_build import add as ray_add, options_from_args
+    from .indexing.ray_build import add as ray_add, options_from_args
 
     ray = options_from_args(args)  # None without --ray
     if ray is not None:
@@ -341,7 +341,7 @@ def cmd_query(args) -> int:
         from .sharded import cmd_query_sharded
 
         return cmd_query_sharded(args, items)
-    from .pipeline import set_threads
+    from .retrieval.pipeline import set_threads
 
     set_threads(args.threads)
     rag = LinearRAG.load(args.index_dir, device=args.device, quantize=args.quantize,
@@ -393,7 +393,7 @@ def cmd_serve(args) -> int:
     _open_for_update(args.index_dir)  # a clear error now for a folder that holds no index
     llm = None
     if args.llm_base_url or args.llm_model or os.environ.get("LINEARRAG_LLM_BASE_URL"):
-        from .generation import LLMError, llm_from_args
+        from .answers.generation import LLMError, llm_from_args
 
         try:
             llm = llm_from_args(args)
@@ -416,7 +416,7 @@ def cmd_serve(args) -> int:
 
 def cmd_answer(args) -> int:
     from .api import LinearRAG
-    from .generation import LLMError, answer_batch, llm_from_args
+    from .answers.generation import LLMError, answer_batch, llm_from_args
 
     items = _question_items(args)
     try:
@@ -455,7 +455,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     args = parser().parse_args(argv)
     from .corpus import InputError
-    from .memory import keep_freed_memory
+    from .retrieval.memory import keep_freed_memory
 
     keep_freed_memory()  # this process is ours: reuse freed memory instead of faulting it in again
     from .index import IndexFormatError

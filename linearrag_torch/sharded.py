@@ -36,13 +36,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import engine, kernels, pairs
-from .activation import ActivePairs, nearest_entities
-from .chain import enabled as chain_enabled, merge as chain_merge
+from .retrieval import engine, pairs
+from . import kernels
+from .retrieval.activation import ActivePairs, nearest_entities
+from .retrieval.chain import enabled as chain_enabled, merge as chain_merge
 from .config import RetrievalConfig
-from .pagerank import FLOOR_RULE_BELOW
+from .retrieval.pagerank import FLOOR_RULE_BELOW
 from .queries import EncodedQueries, Retrieved
-from .sparse import Csr
+from .retrieval.sparse import Csr
 
 # ------------------------------------------------------------------------------------------ communication
 
@@ -125,7 +126,7 @@ class Comm:
 def _query_embeddings(emb: torch.Tensor, device) -> torch.Tensor:
     """Stored vectors as the single-process engine keeps them on ``device`` (engine.query_embeddings where
     it exists: half-precision indexes), else as stored."""
-    from . import engine
+    from .retrieval import engine
 
     f = getattr(engine, "query_embeddings", None)
     return f(emb, device) if f is not None else emb.to(device)
@@ -133,7 +134,7 @@ def _query_embeddings(emb: torch.Tensor, device) -> torch.Tensor:
 
 def _cosines(emb: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """emb @ qᵀ as the single-process engine computes it (engine.cosines where it exists)."""
-    from . import engine
+    from .retrieval import engine
 
     f = getattr(engine, "cosines", None)
     return f(emb, q) if f is not None else emb @ q.to(emb.dtype).T
@@ -761,7 +762,7 @@ class ShardedEngine:
     def _prior(self, queries: EncodedQueries, seeds: list, cfg: RetrievalConfig):
         """chain.passage_prior for this rank's passages: a passage's sentences and the entities they mention
         are all on its rank, so the seeds this rank holds give its passages' entries with nothing exchanged."""
-        from . import chain
+        from .retrieval import chain
 
         sh = self.shard
         ents = sorted({e for sd in seeds for e in sd})
@@ -771,7 +772,7 @@ class ShardedEngine:
         return chain.passage_prior(_ChainView(sh), queries, local, cfg)
 
     def _chain_seeds(self, queries, first: Retrieved, cfg, skip) -> list:
-        from . import chain
+        from .retrieval import chain
 
         sh = self.shard
         idx = first.indices.cpu()
@@ -889,7 +890,7 @@ def encode_questions(qindex: QuestionIndex, questions: list, cfg: RetrievalConfi
     """LinearRAG.encode_queries for a sharded index (rank 0 runs it and broadcasts the result)."""
     from .api import _load_encoder, _load_nlp
     from .corpus import check_question
-    from .pipeline import QuestionPipeline
+    from .retrieval.pipeline import QuestionPipeline
 
     for q in questions:
         check_question(q)
@@ -1011,7 +1012,7 @@ def query_job(comm: Comm, index_dir: str, questions: list, overrides: dict, top_
     import gc
 
     from .index import TriGraphIndex
-    from .pipeline import set_threads
+    from .retrieval.pipeline import set_threads
 
     set_threads(threads)
     dev = device_for(comm.rank, device)

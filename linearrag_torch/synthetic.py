@@ -7,7 +7,7 @@ import torch
 
 from .index import TriGraphIndex
 from .queries import EncodedQueries
-from .sparse import Csr
+from .retrieval.sparse import Csr
 
 
 def _unit(n: int, dim: int, gen: torch.Generator) -> torch.Tensor:

@@ -4,9 +4,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from linearrag_torch import reference
+from linearrag_torch.retrieval import scipy_backend
 from linearrag_torch.config import RetrievalConfig
-from linearrag_torch.engine import DeviceGraph, retrieve
+from linearrag_torch.retrieval.engine import DeviceGraph, retrieve
 from linearrag_torch.synthetic import random_index, random_queries
 
 
@@ -54,7 +54,7 @@ def test_torch_matches_scipy_on_random_graphs(cfg, passages, entities, zipf, bat
     index = random_index(passages, entities, zipf=zipf, dim=8, seed=seed)
     queries = random_queries(index, batch, seed=seed + 1)
     got = retrieve(DeviceGraph(index), queries, cfg)
-    want = reference.retrieve(index, queries, cfg)
+    want = scipy_backend.retrieve(index, queries, cfg)
     assert_same(got, want)
 
 
@@ -63,7 +63,7 @@ def test_torch_matches_scipy_on_a_larger_graph(mode):
     index = random_index(2000, 3000, dim=32, seed=3)
     queries = random_queries(index, 64, seed=4)
     cfg = RetrievalConfig(mode=mode, delta=0.3, top_k=10, ppr_tol=1e-6)
-    assert_same(retrieve(DeviceGraph(index), queries, cfg), reference.retrieve(index, queries, cfg))
+    assert_same(retrieve(DeviceGraph(index), queries, cfg), scipy_backend.retrieve(index, queries, cfg))
 
 
 def test_a_batch_equals_one_question_at_a_time():

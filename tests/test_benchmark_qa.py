@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("openai")
 pytest.importorskip("matplotlib")
 
-from linearrag_torch.generation import JUDGE_PROMPT  # noqa: E402
+from linearrag_torch.answers.generation import JUDGE_PROMPT  # noqa: E402
 
 from conftest import small_passages, write_jsonl  # noqa: E402
 from scripted_servers import ScriptedChatServer, running  # noqa: E402

@@ -4,14 +4,14 @@ import dataclasses
 import pytest
 import torch
 
-from linearrag_torch import reference
-from linearrag_torch.activation import seed_pairs
-from linearrag_torch.chain import chain_seeds, merge, passage_prior, second_round_queries
+from linearrag_torch.retrieval import scipy_backend
+from linearrag_torch.retrieval.activation import seed_pairs
+from linearrag_torch.retrieval.chain import chain_seeds, merge, passage_prior, second_round_queries
 from linearrag_torch.config import RetrievalConfig
-from linearrag_torch.engine import DeviceGraph, retrieve
+from linearrag_torch.retrieval.engine import DeviceGraph, retrieve
 from linearrag_torch.index import TriGraphIndex
 from linearrag_torch.queries import EncodedQueries, PassagePrior, Retrieved
-from linearrag_torch.sparse import Csr
+from linearrag_torch.retrieval.sparse import Csr
 from linearrag_torch.synthetic import random_index, random_queries
 
 from test_backends_agree import assert_same
@@ -93,7 +93,7 @@ def test_torch_and_scipy_agree_with_a_second_round(mode, seed):
     queries = random_queries(index, 6, seed=seed + 10)
     cfg = RetrievalConfig(mode=mode, delta=0.2, top_k=6, chain_passages=2, chain_sentences=2, chain_keep=1)
     got = retrieve(DeviceGraph(index), queries, cfg)
-    want = reference.retrieve(index, queries, cfg)
+    want = scipy_backend.retrieve(index, queries, cfg)
     assert_same(got, want)
     # the second round changes the answer somewhere (else this test would test nothing)
     one = retrieve(DeviceGraph(index), queries, cfg.replace(chain_passages=0))
@@ -127,7 +127,7 @@ def test_rounds_agree_across_backends_and_keep_each_rounds_top(rounds):
     queries = random_queries(index, 5, seed=8)
     cfg = RetrievalConfig(delta=0.2, top_k=6, chain_passages=1, chain_rounds=rounds, pair_candidates=0)  # (test_pairs.py)
     got = retrieve(DeviceGraph(index), queries, cfg)
-    assert_same(got, reference.retrieve(index, queries, cfg))
+    assert_same(got, scipy_backend.retrieve(index, queries, cfg))
     first = retrieve(DeviceGraph(index), queries, cfg.replace(chain_passages=0))
     assert torch.equal(got.indices[:, 0], first.indices[:, 0])  # chain_keep = 1: round 1's best stays first
     assert got.indices.shape == (5, 6)
@@ -147,7 +147,7 @@ def test_paper_mode_and_entity_less_questions_answer_in_one_round():
     index = random_index(60, 80, dim=8, seed=11)
     queries = random_queries(index, 6, seed=12)
     g = DeviceGraph(index)
-    for backend in (lambda c: retrieve(g, queries, c), lambda c: reference.retrieve(index, queries, c)):
+    for backend in (lambda c: retrieve(g, queries, c), lambda c: scipy_backend.retrieve(index, queries, c)):
         paper = backend(RetrievalConfig(mode="paper", delta=0.2, chain_passages=2))
         one = backend(RetrievalConfig(mode="paper", delta=0.2, chain_passages=0))
         assert torch.equal(paper.indices, one.indices)
@@ -190,7 +190,7 @@ def test_chain_seeds_take_their_own_row_unless_another_entity_has_their_tokens()
     graph = DeviceGraph(ix)
     cfg = RetrievalConfig(chain_passages=2, chain_sentences=2, delta=0.1)
     out = retrieve(graph, q, cfg)
-    assert_same(out, reference.retrieve(ix, q, cfg))
+    assert_same(out, scipy_backend.retrieve(ix, q, cfg))
 
 
 def _entries(prior):
@@ -236,7 +236,7 @@ def test_torch_and_scipy_agree_with_the_later_round_prior(floor, bridge):
     queries = random_queries(index, 6, seed=15)
     cfg = RetrievalConfig(delta=0.2, top_k=6, chain_prior_floor=floor, chain_bridge_prior=bridge)
     got = retrieve(DeviceGraph(index), queries, cfg)
-    assert_same(got, reference.retrieve(index, queries, cfg))
+    assert_same(got, scipy_backend.retrieve(index, queries, cfg))
     # the prior changes the later round's scores (else this would test nothing)
     off = retrieve(DeviceGraph(index), queries, cfg.replace(chain_prior_floor=-1.0, chain_bridge_prior=False))
     assert not torch.allclose(off.scores, got.scores)
@@ -244,7 +244,7 @@ def test_torch_and_scipy_agree_with_the_later_round_prior(floor, bridge):
 
 def test_pair_cosines_by_blocks_of_questions():
     """chain._pair_cosines: each (sentence, question) pair's dot product, whatever the block size (float64 check)."""
-    from linearrag_torch.chain import _pair_cosines
+    from linearrag_torch.retrieval.chain import _pair_cosines
 
     g = torch.Generator().manual_seed(3)
     sent_emb, q = torch.randn(40, 8, generator=g), torch.randn(5, 8, generator=g)

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from linearrag_torch import engine
+from linearrag_torch.retrieval import engine
 from linearrag_torch.config import RetrievalConfig
-from linearrag_torch.engine import DeviceGraph, retrieve
-from linearrag_torch.memory import MEMORY_BUDGET_ENV, default_memory_budget, parse_bytes
+from linearrag_torch.retrieval.engine import DeviceGraph, retrieve
+from linearrag_torch.retrieval.memory import MEMORY_BUDGET_ENV, default_memory_budget, parse_bytes
 from linearrag_torch.synthetic import random_index, random_queries
 
 

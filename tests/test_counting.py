@@ -2,7 +2,7 @@
 import torch
 from hypothesis import example, given, settings, strategies as st
 
-from linearrag_torch.counting import count_occurrences, count_occurrences_naive
+from linearrag_torch.indexing.counting import count_occurrences, count_occurrences_naive
 
 
 def as_dict(result):

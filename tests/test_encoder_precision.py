@@ -12,11 +12,11 @@ import torch
 from benchmarks import quality
 from conftest import index_without_setting, small_passages
 from linearrag_torch import LinearRAG
-from linearrag_torch import encoding as api_encoding
-from linearrag_torch.build import build_index
+from linearrag_torch.indexing import encoding as api_encoding
+from linearrag_torch.indexing.build import build_index
 from linearrag_torch.config import IndexConfig
 from linearrag_torch.corpus import as_passages
-from linearrag_torch.encoding import Encoder, native_bf16, resolve_precision
+from linearrag_torch.indexing.encoding import Encoder, native_bf16, resolve_precision
 from linearrag_torch.index import TriGraphIndex, passage_text
 
 

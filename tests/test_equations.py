@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from linearrag_torch.activation import propagate_paper
+from linearrag_torch.retrieval.activation import propagate_paper
 from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.kernels import top_k_per_segment
-from linearrag_torch.pagerank import PPRGraph, minmax, personalized_pagerank
-from linearrag_torch.sparse import Csr
+from linearrag_torch.retrieval.pagerank import PPRGraph, minmax, personalized_pagerank
+from linearrag_torch.retrieval.sparse import Csr
 from linearrag_torch.testing import passage_reset, propagate_reference, seed_entities, sigma_pair
 
 # sentences: s0 = {e0, e1}, s1 = {e1, e2}, s2 = {e2}
@@ -189,8 +189,8 @@ def test_gauss_seidel_change_shrinks_above_the_floor_and_halves_the_steps():
     and 1e-3, and the result is the power iteration's fixed point in about half the steps."""
     import random
 
-    from linearrag_torch import pagerank
-    from linearrag_torch.engine import DeviceGraph, retrieve
+    from linearrag_torch.retrieval import pagerank
+    from linearrag_torch.retrieval.engine import DeviceGraph, retrieve
     from linearrag_torch.synthetic import random_index, random_queries
     from linearrag_torch.testing import ChangeTrace
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
 
 from linearrag_torch import InputError, Passage
-from linearrag_torch.build import add_passages, build_index, delete_passages
+from linearrag_torch.indexing.build import add_passages, build_index, delete_passages
 from linearrag_torch.cli import main
 from linearrag_torch.corpus import read_corpus
 from linearrag_torch.index import IndexFormatError, TriGraphIndex

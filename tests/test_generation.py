@@ -10,8 +10,7 @@ pytest.importorskip("openai")
 from linearrag_torch import api  # noqa: E402
 from linearrag_torch.cli import main  # noqa: E402
 from linearrag_torch.config import IndexConfig  # noqa: E402
-from linearrag_torch.generation import (  # noqa: E402
-    LLM, Answer, LLMError, ResponseCache, answer_batch, build_messages, judge_batch, parse_answer, parse_verdict)
+from linearrag_torch.answers.generation import LLM, Answer, LLMError, ResponseCache, answer_batch, build_messages, judge_batch, parse_answer, parse_verdict
 
 from scripted_servers import ScriptedChatServer, running  # noqa: E402
 

@@ -8,11 +8,12 @@ import json
 import pytest
 import torch
 
-from linearrag_torch import LinearRAG, reference
-from linearrag_torch.build import build_index, delete_passages, empty_index
+from linearrag_torch import LinearRAG
+from linearrag_torch.retrieval import scipy_backend
+from linearrag_torch.indexing.build import build_index, delete_passages, empty_index
 from linearrag_torch.cli import main
 from linearrag_torch.config import IndexConfig
-from linearrag_torch.engine import DeviceGraph, cosines, native_half, query_embeddings
+from linearrag_torch.retrieval.engine import DeviceGraph, cosines, native_half, query_embeddings
 from linearrag_torch.index import TriGraphIndex, embedding_dtype
 from linearrag_torch.kernels.segment_topk import gather_sigma
 
@@ -138,7 +139,7 @@ def test_half_queries_match_float32_top5(small_rag, f32, nlp, encoder, dt, upcas
         assert float(same.float().mean()) >= 0.9, (mode, same)
         assert float((want.scores[same] - got.scores[same]).abs().max()) <= 0.01
         if upcast:
-            ref = reference.retrieve(half, enc, cfg)
+            ref = scipy_backend.retrieve(half, enc, cfg)
             assert torch.equal(ref.indices, got.indices), mode
             assert torch.allclose(ref.scores.float(), got.scores, atol=1e-5, rtol=0)
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from linearrag_torch import kernels
-from linearrag_torch.activation import nearest_entities
+from linearrag_torch.retrieval.activation import nearest_entities
 from linearrag_torch.config import RetrievalConfig
-from linearrag_torch.pagerank import PPRGraph
-from linearrag_torch.sparse import Csr
+from linearrag_torch.retrieval.pagerank import PPRGraph
+from linearrag_torch.retrieval.sparse import Csr
 from linearrag_torch.synthetic import random_index
 from linearrag_torch.testing import passage_reset, ppr_step_reference, sigma_pair
 
@@ -196,7 +196,7 @@ def test_gather_sigma_is_each_pairs_own_product_whatever_the_chunk():
 def test_nearest_memo_scans_only_the_rows_after_the_last_calls(monkeypatch):
     """activation.NearestMemo: the answer of nearest_entities; a call that begins with the last call's rows
     (equal vectors and known rows) scans only the rest; anything else scans everything."""
-    from linearrag_torch import activation
+    from linearrag_torch.retrieval import activation
 
     gen = torch.Generator().manual_seed(9)
     ents = torch.nn.functional.normalize(torch.randn(300, 8, generator=gen), dim=1)
@@ -234,7 +234,7 @@ def test_nearest_memo_scans_only_the_rows_after_the_last_calls(monkeypatch):
 def test_passage_cosines_keep_the_last_answer():
     """DeviceGraph.passage_cosines: emb @ qᵀ; within keeping_last (a chain's rounds) the same questions again get
     the kept answer; afterwards nothing is kept."""
-    from linearrag_torch.engine import DeviceGraph, cosines
+    from linearrag_torch.retrieval.engine import DeviceGraph, cosines
     from linearrag_torch.synthetic import random_index
 
     graph = DeviceGraph(random_index(30, 40, dim=8, seed=4))
@@ -267,7 +267,7 @@ TRITON_SCRIPT = textwrap.dedent(
     from linearrag_torch import kernels
     from linearrag_torch.kernels import ppr, segment_topk
     from linearrag_torch.kernels.triton import ppr as triton_ppr
-    from linearrag_torch.pagerank import PPRGraph
+    from linearrag_torch.retrieval.pagerank import PPRGraph
     from linearrag_torch.synthetic import random_index
     assert kernels.backends.use_triton(torch.zeros(1)), "the interpreter path is not selected"
     # one PageRank step, with the adjacent-passage operator and dangling nodes; PIECE = 2 splits

@@ -1,8 +1,8 @@
-"""The glibc allocator setting the CLI and the benchmarks apply (linearrag_torch/memory.py)."""
+"""The glibc allocator setting the CLI and the benchmarks apply (linearrag_torch/retrieval/memory.py)."""
 def test_keep_freed_memory_applies_once_on_glibc():
     import platform
 
-    from linearrag_torch import memory
+    from linearrag_torch.retrieval import memory
 
     first = memory.keep_freed_memory()
     assert memory.keep_freed_memory() is first  # idempotent

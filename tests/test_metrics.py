@@ -1,8 +1,7 @@
 """Answer metrics against hand-computed cases (benchmarks/README.md, "Answer quality")."""
 import pytest
 
-from linearrag_torch.metrics import (answer_scores, containment, containment_words, exact_match, normalize_answer,
-                                     recall_at_k, token_f1)
+from linearrag_torch.answers.scoring import answer_scores, containment, containment_words, exact_match, normalize_answer, recall_at_k, token_f1
 
 
 @pytest.mark.parametrize("text, norm", [

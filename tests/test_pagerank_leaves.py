@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from linearrag_torch import pagerank
+from linearrag_torch.retrieval import pagerank
 from linearrag_torch.config import RetrievalConfig
-from linearrag_torch.pagerank import PPRGraph, personalized_pagerank
-from linearrag_torch.sparse import Csr
+from linearrag_torch.retrieval.pagerank import PPRGraph, personalized_pagerank
+from linearrag_torch.retrieval.sparse import Csr
 from linearrag_torch.synthetic import random_index
 from linearrag_torch.testing import ChangeTrace
 

@@ -5,11 +5,11 @@ import itertools
 import pytest
 import torch
 
-from linearrag_torch import pairs, reference
+from linearrag_torch.retrieval import pairs, scipy_backend
 from linearrag_torch.config import RetrievalConfig
-from linearrag_torch.engine import DeviceGraph, retrieve
+from linearrag_torch.retrieval.engine import DeviceGraph, retrieve
 from linearrag_torch.queries import EncodedQueries, Retrieved
-from linearrag_torch.sparse import Csr
+from linearrag_torch.retrieval.sparse import Csr
 from linearrag_torch.synthetic import random_index, random_queries
 
 from conftest import assert_pair_moved
@@ -46,7 +46,7 @@ def ranked(top=1.0):
 def both(index, queries, out, cfg):
     """(engine, reference) reranks, as lists of passage rows."""
     got = DeviceGraph(index).pair_rerank(queries, out, cfg)
-    want = reference.pair_rerank(index, queries, out, cfg)
+    want = scipy_backend.pair_rerank(index, queries, out, cfg)
     return got.indices[0].tolist(), want.indices[0].tolist(), got, want
 
 
@@ -83,7 +83,7 @@ def test_questions_it_leaves_alone():
     # fewer than two passages listed (-1 pads)
     one = Retrieved(torch.tensor([[4, -1, -1, -1]]), torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
     assert DeviceGraph(hand_index()).pair_rerank(hand_queries(), one, cfg).indices[0].tolist() == [4, -1, -1, -1]
-    assert reference.pair_rerank(hand_index(), hand_queries(), one, cfg).indices[0].tolist() == [4, -1, -1, -1]
+    assert scipy_backend.pair_rerank(hand_index(), hand_queries(), one, cfg).indices[0].tolist() == [4, -1, -1, -1]
     # off, and in paper mode
     assert not pairs.enabled(RetrievalConfig(pair_candidates=0))
     assert not pairs.enabled(RetrievalConfig(mode="paper"))
@@ -117,7 +117,7 @@ def test_engine_equals_reference_and_moves_only_the_top_two(chain):
     queries = random_queries(index, 24, seed=12)
     cfg = RetrievalConfig(delta=0.2, top_k=7, chain_passages=chain, pair_link_weight=0.3, pair_link_max_passages=20)
     got = retrieve(DeviceGraph(index), queries, cfg)
-    assert_same(got, reference.retrieve(index, queries, cfg))
+    assert_same(got, scipy_backend.retrieve(index, queries, cfg))
     plain = retrieve(DeviceGraph(index), queries, cfg.replace(pair_candidates=0))
     moved = 0
     for g, p in zip(got.indices.tolist(), plain.indices.tolist()):

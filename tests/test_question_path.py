@@ -1,4 +1,4 @@
-"""The question path (linearrag_torch.pipeline): stored index vectors for entity strings, the token-id
+"""The question path (linearrag_torch.retrieval.pipeline): stored index vectors for entity strings, the token-id
 encoder path, stage timings, the int8 encoder, and the throughput benchmark end to end."""
 import dataclasses
 import json
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from linearrag_torch import LinearRAG
-from linearrag_torch.pipeline import STAGES, IndexEntityVectors
+from linearrag_torch.retrieval.pipeline import STAGES, IndexEntityVectors
 
 from conftest import demo_questions
 
@@ -24,7 +24,7 @@ def questions():
 
 @pytest.fixture(scope="module")
 def int8_encoder():
-    from linearrag_torch.encoding import Encoder
+    from linearrag_torch.indexing.encoding import Encoder
 
     return Encoder(quantize="int8")
 
@@ -127,7 +127,7 @@ def test_int8_search_and_its_settings(small_rag, nlp, int8_encoder, questions):
 
 
 def test_set_threads(monkeypatch):
-    from linearrag_torch.pipeline import THREADS_ENV, set_threads
+    from linearrag_torch.retrieval.pipeline import THREADS_ENV, set_threads
 
     before = torch.get_num_threads()
     try:
@@ -213,7 +213,7 @@ def test_cli_query_with_ner_processes(small_index_dir, tmp_path, capsys):
 def test_known_rows_skip_the_entity_scan_with_the_same_seeds(small_rag, questions):
     """An entity string holding an index entity's stored vector seeds that entity: the scan over all
     entities (nearest_entities without ``known``) finds the same entity and cosine."""
-    from linearrag_torch.activation import nearest_entities, seed_pairs
+    from linearrag_torch.retrieval.activation import nearest_entities, seed_pairs
 
     enc = small_rag.encode_queries(questions)
     assert enc.entity_rows is not None and enc.rows_of is small_rag.index
@@ -231,7 +231,7 @@ def test_known_rows_skip_the_entity_scan_with_the_same_seeds(small_rag, question
 def test_rows_are_not_used_against_another_index(small_rag, nlp, encoder, questions):
     """Vectors encoded for one index and ranked on another (benchmarks/compare_indexes.py) ignore the
     first index's rows (the engine checks rows_of by identity)."""
-    from linearrag_torch import engine
+    from linearrag_torch.retrieval import engine
 
     ix = small_rag.index
     enc = small_rag.encode_queries(questions[:8])
@@ -256,7 +256,7 @@ def test_retrieval_runs_in_inference_mode_and_returns_ordinary_tensors(small_rag
     """The engine ranks under torch.inference_mode (fewer dispatches per small op); its results and trace are
     ordinary tensors that a caller may change in place, its answer is the one computed inside inference mode
     too, and the mode does not outlive the call."""
-    from linearrag_torch import engine
+    from linearrag_torch.retrieval import engine
     from linearrag_torch.queries import Retrieved
 
     enc = small_rag.encode_queries(questions)

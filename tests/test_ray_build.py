@@ -1,4 +1,4 @@
-"""The Ray build (linearrag_torch/ray_build.py, `linearrag index|add --ray`) against the local build.
+"""The Ray build (linearrag_torch/indexing/ray_build.py, `linearrag index|add --ray`) against the local build.
 
 The Ray tests start a local Ray inside the test (2 CPUs, no dashboard) once for the module, and each
 Ray call runs under a deadline. They check what issue 12 asks: the index built with --ray equals the
@@ -15,7 +15,8 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from linearrag_torch import LinearRAG, encoding, ray_build
+from linearrag_torch import LinearRAG
+from linearrag_torch.indexing import encoding, ray_build
 from linearrag_torch.cli import main
 from linearrag_torch.config import IndexConfig
 from linearrag_torch.index import MATRICES, NER_PARTS, TriGraphIndex

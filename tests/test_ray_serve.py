@@ -75,7 +75,7 @@ def ray_url(small_index_dir, chat, tmp_path_factory):
         ray_settings = RaySettings(ray=True, replicas=REPLICAS, max_queued=MAX_QUEUED)
         llm_factory = None
         if _has("openai"):
-            from linearrag_torch.generation import LLM
+            from linearrag_torch.answers.generation import LLM
 
             cache = tmp_path_factory.mktemp("llm") / "cache.sqlite"
             llm_factory = functools.partial(LLM, chat.base_url, "scripted-model", "chat-key", cache=cache, max_retries=0)

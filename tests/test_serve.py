@@ -484,7 +484,7 @@ def test_answer_route_uses_the_batched_hits_and_the_chat_model(small_rag, small_
     from scripted_servers import ScriptedChatServer
     from scripted_servers import running as chat_running
 
-    from linearrag_torch.generation import LLM
+    from linearrag_torch.answers.generation import LLM
 
     qs = [q["question"] for q in small_questions[:2]]
     chat = ScriptedChatServer(lambda body: ("reply", "The passages say so.\nAnswer: Paris"))
@@ -521,7 +521,7 @@ def test_memory_budget_and_every_setting_reach_the_command_line(small_rag, capsy
     from dataclasses import fields
 
     from linearrag_torch.cli import main
-    from linearrag_torch.memory import parse_bytes
+    from linearrag_torch.retrieval.memory import parse_bytes
 
     with serving(small_rag, memory_budget="3M") as (url, _):
         assert httpx.get(url + "/info").json()["memory"]["memory_budget_bytes"] == parse_bytes("3M") == 3 << 20

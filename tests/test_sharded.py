@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from linearrag_torch import engine
+from linearrag_torch.retrieval import engine
 from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.sharded import Comm, Shard, ShardedEngine, passage_bounds, retrieve_job, run_local
-from linearrag_torch.sparse import Csr
+from linearrag_torch.retrieval.sparse import Csr
 from linearrag_torch.synthetic import random_index, random_queries
 
 TIMEOUT_S = 300  # per group of processes; a run takes ~15 s on two loaded cores
@@ -100,7 +100,7 @@ def test_sharded_equals_single_process(sharded_results, cases, case):
 def test_synthetic_case_exercises_the_graph(cases):
     """The synthetic questions reach PageRank and a second activation hop (else the test proves little)."""
     idx, q, _ = cases["synthetic"]
-    from linearrag_torch.engine import activate_pairs
+    from linearrag_torch.retrieval.engine import activate_pairs
 
     _, _, act = activate_pairs(engine.DeviceGraph(idx), q, RetrievalConfig())
     assert int(act.tier.max()) >= 2 and act.col.unique().numel() >= q.batch_size // 2

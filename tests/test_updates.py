@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from linearrag_torch import InputError, LinearRAG, Passage, api
-from linearrag_torch.build import add_passages, build_index, delete_passages
+from linearrag_torch.indexing.build import add_passages, build_index, delete_passages
 from linearrag_torch.cli import main
 from linearrag_torch.index import (KEY_PARTS, MATRICES, NER_PARTS, PAUSE_ENV, IndexFormatError, IndexLockedError,
                                    TriGraphIndex, index_lock)
@@ -177,7 +177,7 @@ def test_equal_tokens_are_found_by_hash_and_checked(nlp, encoder, monkeypatch, o
     changes nothing (the tokens are compared); an index without stored hashes gets them computed."""
     import dataclasses
 
-    from linearrag_torch import encoding
+    from linearrag_torch.indexing import encoding
 
     base = [Passage("a", "Paris", "Paris is the capital of France."), Passage("b", "", "Marie Curie lived in Paris.")]
     more = [Passage("c", "PARIS", "PARIS is the capital of FRANCE."), Passage("d", "", "Rome is the capital of Italy.")]

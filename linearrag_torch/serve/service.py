@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from .. import __version__
 from ..config import MODES, RetrievalConfig
-from ..memory import status_bytes
+from ..retrieval.memory import status_bytes
 from .batcher import Batcher
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .settings import ServeSettings
@@ -152,7 +152,7 @@ class LinearRAGService:
         """Start the batcher and load the index in the background (the routes answer 503 until ready)."""
         self._reload_lock = asyncio.Lock()
         if self.settings.threads is not None:
-            from ..pipeline import set_threads
+            from ..retrieval.pipeline import set_threads
 
             set_threads(self.settings.threads)  # process-wide: only when asked for
         self.batcher.start()
@@ -256,7 +256,7 @@ class LinearRAGService:
         which the event loop then has to itself (with the engine thread taking a part, as LinearRAG does by
         default, the server gained less: benchmarks/README.md)."""
         if self.settings.memory_budget:
-            from ..memory import parse_bytes
+            from ..retrieval.memory import parse_bytes
 
             rag.graph.memory_budget = parse_bytes(self.settings.memory_budget)
         if self.settings.ner_processes and rag.ner_pool is None:
@@ -337,7 +337,7 @@ class LinearRAGService:
 
     async def answer(self, body: dict) -> dict:
         """/v1/answer: the /v1/search body; the questions' hits (batched as for search) go to the chat model."""
-        from ..generation import LLMError, aanswer_batch
+        from ..answers.generation import LLMError, aanswer_batch
 
         req = self._validate(body)
         if self.llm is None:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import kernels
-from .config import RetrievalConfig
+from .. import kernels
+from ..config import RetrievalConfig
 from .sparse import ColumnEntries
 
 

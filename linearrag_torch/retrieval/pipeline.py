@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .queries import EncodedQueries
+from ..queries import EncodedQueries
 
 STAGES = ("ner", "lexicon", "encoder", "graph")
 THREADS_ENV = "LINEARRAG_THREADS"
@@ -80,7 +80,7 @@ class IndexEntityVectors:
     by token."""
 
     def __init__(self, index, encoder):
-        from .encoding import token_hash
+        from ..indexing.encoding import token_hash
 
         self.index = index
         self.encoder = encoder
@@ -119,7 +119,7 @@ class QuestionPipeline:
     @property
     def lexicon(self):
         if self._lexicon is None:
-            from .lexicon import EntityLexicon
+            from ..indexing.lexicon import EntityLexicon
 
             self._lexicon = EntityLexicon(self.index.entities)
         return self._lexicon
@@ -133,7 +133,7 @@ class QuestionPipeline:
 
     def entities(self, questions: Sequence[str], lexicon_seeds: bool, timings: Optional[dict] = None) -> list:
         """Per question, its distinct lower-cased entity strings: NER first, then lexicon matches."""
-        from .nlp import question_entities
+        from ..indexing.nlp import question_entities
 
         with stage(timings, "ner"):
             dropped = self.index.index_config.dropped_labels

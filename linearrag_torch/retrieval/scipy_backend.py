@@ -21,11 +21,11 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from .config import RetrievalConfig
-from .queries import EncodedQueries, Retrieved
+from ..config import RetrievalConfig
+from ..queries import EncodedQueries, Retrieved
 
 if TYPE_CHECKING:
-    from .index import TriGraphIndex
+    from ..index import TriGraphIndex
 
 
 def _f64(t: torch.Tensor) -> np.ndarray:

@@ -20,13 +20,13 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
-from .config import IndexConfig, RetrievalConfig
-from .corpus import Passage, PassageId, check_new_ids
+from ..config import IndexConfig, RetrievalConfig
+from ..corpus import Passage, PassageId, check_new_ids
 from .counting import count_occurrences
 from .encoding import Encoder, TextEncoder, append_vectors, embed_texts, resolve_precision
-from .index import NER_PARTS, NerRecord, TokenKeys, TriGraphIndex, embedding_dtype, passage_text
+from ..index import NER_PARTS, NerRecord, TokenKeys, TriGraphIndex, embedding_dtype, passage_text
 from .nlp import analyse_passages, bind_title, load_spacy
-from .sparse import Csr
+from ..retrieval.sparse import Csr
 
 
 def build_index(

@@ -1,6 +1,6 @@
 """Answers: retrieve passages, ask a chat model, parse its marked final answer.
 
-    from linearrag_torch.generation import LLM, answer_batch
+    from linearrag_torch.answers.generation import LLM, answer_batch
     llm = LLM(base_url="http://localhost:8000/v1", model="qwen2.5-7b-instruct")   # or from the environment
     for a in answer_batch(rag, ["Who directed X?"], llm, top_k=5):
         print(a.answer, [p.id for p in a.passages])

@@ -34,7 +34,7 @@ from typing import Optional, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from .config import IndexConfig, RetrievalConfig
+from ..config import IndexConfig, RetrievalConfig
 
 RAY_INSTALL_HINT = 'the Ray build needs the "ray" extra: pip install -e ".[ray]" (or pip install "ray[data]")'
 CONNECT_TIMEOUT_S = 5.0  # a TCP probe of ADDRESS before ray.init (which would otherwise retry for a minute)
@@ -284,7 +284,7 @@ class _EncodeActor:
 
     @staticmethod
     def _load(setup: dict):
-        from .api import _load_encoder
+        from ..api import _load_encoder
 
         if setup["device"] == "cpu":
             torch.set_num_threads(max(1, int(setup["threads"])))
@@ -317,7 +317,7 @@ def _resolve_on_cluster(ray, cfg: IndexConfig, plan: _Plan) -> Optional[str]:
         return precision
 
     def resolve(p, device):
-        from linearrag_torch.encoding import resolve_precision
+        from linearrag_torch.indexing.encoding import resolve_precision
 
         return resolve_precision(p, device)
 
@@ -336,7 +336,7 @@ class RayEncoder:
     def __init__(self, ray, cfg: IndexConfig, plan: _Plan, precision: Optional[str] = None, local=None):
         """``precision``: the resolved IndexConfig.encoder_precision of the actors; ``local``: the driver's
         encoder (default: loaded from ``cfg`` on the CPU)."""
-        from .api import _load_encoder
+        from ..api import _load_encoder
 
         self.ray = ray
         self.plan = plan
@@ -423,9 +423,9 @@ def build(corpus, index_config: Optional[IndexConfig] = None, config: Optional[R
     ``corpus``: a JSONL path or a list of Passage / dicts, as for LinearRAG.build. ``device``: where the
     returned LinearRAG answers questions (the index itself is assembled on the CPU). ``timings``: if
     given, receives the seconds of "connect" (Ray and the driver's tokenizer) and of build_index's stages."""
-    from .api import LinearRAG, _is_path, _read_passages, resolve_device
+    from ..api import LinearRAG, _is_path, _read_passages, resolve_device
     from .build import build_index
-    from .corpus import check_new_ids
+    from ..corpus import check_new_ids
 
     dev = resolve_device(device)
     passages = _read_passages(corpus)
@@ -444,9 +444,9 @@ def build(corpus, index_config: Optional[IndexConfig] = None, config: Optional[R
 def add(rag, corpus, options: Optional[RayOptions] = None, progress: bool = True, timings: Optional[dict] = None):
     """rag.add(corpus) with NER and encoding on a Ray cluster; returns ``rag`` (call rag.save() to write).
     ``timings``: as for build()."""
-    from .api import _is_path, _read_passages
+    from ..api import _is_path, _read_passages
     from .build import add_passages
-    from .corpus import check_new_ids
+    from ..corpus import check_new_ids
 
     passages = _read_passages(corpus, first_id=rag.index.num_passages)
     check_new_ids(passages, rag.index.passage_ids, source=corpus if _is_path(corpus) else None)

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 import torch
 
-from . import kernels
+from .. import kernels
 from .activation import (Activation, ActivePairs, NearestMemo, dense_seeds, propagate_paper, propagate_reference_pairs,
                          seed_pairs)
-from .config import RetrievalConfig
-from .index import TriGraphIndex
+from ..config import RetrievalConfig
+from ..index import TriGraphIndex
 from .memory import default_memory_budget
 from .pagerank import PPRGraph, passage_reset_entries, personalized_pagerank
-from .queries import EncodedQueries, Retrieved
+from ..queries import EncodedQueries, Retrieved
 from .sparse import ColumnEntries
 
 # bytes of working memory one question needs (see DeviceGraph.bytes_per_question): per passage, the
@@ -43,7 +43,7 @@ def native_half(dtype: torch.dtype, device) -> bool:
     CUDA (bfloat16 where supported), a CPU with AMX-BF16 or AVX512-BF16 for bfloat16 and with AVX512-FP16
     or AMX-FP16 for float16. Elsewhere torch emulates it, slower than float32."""
     if dtype == torch.bfloat16:
-        from .encoding import native_bf16  # the encoder's autocast asks the same question
+        from ..indexing.encoding import native_bf16  # the encoder's autocast asks the same question
 
         return native_bf16(device)
     dev = torch.device(device)

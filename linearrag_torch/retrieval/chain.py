@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from .config import RetrievalConfig
-from .kernels import segment_positions
-from .queries import EncodedQueries, PassagePrior, Retrieved
+from ..config import RetrievalConfig
+from ..kernels import segment_positions
+from ..queries import EncodedQueries, PassagePrior, Retrieved
 
 
 def enabled(cfg: RetrievalConfig) -> bool:

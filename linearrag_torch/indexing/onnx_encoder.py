@@ -8,7 +8,7 @@ torch (encoding.Encoder). ONNX Runtime fuses the attention, layer norms and GELU
 than torch's eager modules: a short question costs a fraction of the torch forward pass, while long batches
 (indexing) are matrix products either way. Vectors equal torch's float32 ones to float noise (~2e-7 measured).
 
-The session's threads are fixed when it is made: torch's thread count at that time (linearrag_torch.pipeline
+The session's threads are fixed when it is made: torch's thread count at that time (linearrag_torch.retrieval.pipeline
 .set_threads / --threads before the first question). Its threads do not spin while they wait: spinning made
 the encoder alone faster (a question at 2 threads, quiet: 6.3 ms against 10.1) but its threads then compete with
 torch's for the cores, and the graph stage that follows took twice as long (benchmarks.throughput at batch 1:

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import kernels
-from .config import RetrievalConfig
+from .. import kernels
+from ..config import RetrievalConfig
 from .sparse import ColumnEntries, Csr
 
 

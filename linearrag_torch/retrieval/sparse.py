@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kernels.backends import use_scipy_csr
+from ..kernels.backends import use_scipy_csr
 
 # On the CPU, building a CSR from unsorted coordinates and transposing one go through scipy.sparse, whose
 # conversions are counting sorts (linear in the entries; 2-3x faster than a torch argsort at 20M entries,

@@ -27,9 +27,9 @@ import itertools
 
 import torch
 
-from .config import RetrievalConfig
-from .kernels import segment_positions
-from .queries import EncodedQueries, Retrieved
+from ..config import RetrievalConfig
+from ..kernels import segment_positions
+from ..queries import EncodedQueries, Retrieved
 
 
 def enabled(cfg: RetrievalConfig) -> bool:
