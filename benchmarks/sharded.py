@@ -8,7 +8,7 @@ communication cost of N GPUs over NVLink and InfiniBand.
                                  [--json benchmarks/results/sharded_<index>.json] [--png ...]
 
 The questions are encoded once in this process (LinearRAG.encode_queries) and sent to every rank;
-each rank loads the index folder, keeps its shard (sharded.Shard) and answers every batch with the
+each rank loads the index folder, keeps its shard (distributed.Shard) and answers every batch with the
 default settings (chain round on: two PageRank runs per batch), with one torch thread. A batch runs
 once as warm-up, then ``--repeat`` times; the medians are reported. Timings on a CPU shared with other
 work are marked by the load averages recorded beside them.
@@ -57,7 +57,7 @@ def _bench_job(comm, index_dir: str, queries, batch_sizes: list, repeat: int) ->
     """One rank: shard the index, answer each batch size ``repeat`` times; timings and exchanged bytes."""
     from linearrag_torch.config import RetrievalConfig
     from linearrag_torch.index import TriGraphIndex
-    from linearrag_torch.sharded import Shard, ShardedEngine
+    from linearrag_torch.distributed import Shard, ShardedEngine
 
     torch.set_num_threads(1)
     index = TriGraphIndex.load(index_dir, device="cpu")
@@ -118,7 +118,7 @@ def _summary(per_rank: list, B: int) -> dict:
 
 def shared_entities(index, worlds) -> dict:
     """Entities whose passages lie on several of N contiguous shards, for each N (the all-reduced rows)."""
-    from linearrag_torch.sharded import passage_bounds
+    from linearrag_torch.distributed import passage_bounds
 
     C = index.C
     rows = C.row_index()
@@ -165,7 +165,7 @@ def projection(index, batch_sizes) -> dict:
 def run(args) -> dict:
     from linearrag_torch import LinearRAG
     from linearrag_torch.corpus import read_questions
-    from linearrag_torch.sharded import run_local
+    from linearrag_torch.distributed import run_local
 
     from benchmarks.common import machine
     from benchmarks.sharded import _bench_job  # by module name: the spawned ranks import it

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from .cli_common import open_index_dir, print_hits, question_items, retrieval_settings, snippet
 from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig, add_flags
 
 
@@ -25,16 +26,11 @@ def _add_settings(p: argparse.ArgumentParser, stored: bool) -> None:
                    help="start from the reference code's settings (lam 0.05, damping 0.5, no lexicon seeds, one round)")
 
 
-def _settings(args) -> dict:
-    """The RetrievalConfig fields given as flags (None: not given)."""
-    return {name: getattr(args, name) for name in args.retrieval_fields}
-
-
 def _retrieval_config(args, base: RetrievalConfig) -> RetrievalConfig:
     """``base`` (or the reference code's settings with --reference-code) changed by the flags given."""
     if args.reference_code:
         base = RetrievalConfig.reference_code(top_k=base.top_k)
-    return base.replace(**_settings(args))
+    return base.replace(**retrieval_settings(args))
 
 
 def _positive_int(text: str) -> int:
@@ -210,16 +206,6 @@ def cmd_index(args) -> int:
     return 0
 
 
-def _open_for_update(index_dir: str):
-    """The index folder as a Path, after checking that it holds an index (a clear error otherwise)."""
-    from .index import TriGraphIndex
-
-    path = Path(index_dir)
-    if not (path / "index.json").is_file():
-        TriGraphIndex.load(path)  # raises IndexFormatError naming the problem
-    return path
-
-
 def _update_index(index_dir: str, device: str, change, verb: str, preposition: str) -> int:
     """Load INDEX_DIR under its writer lock, apply change(rag), save atomically, report the sizes
     ("<verb> N passages (+S sentences, +E entities) <preposition> INDEX_DIR: now ...")."""
@@ -227,7 +213,7 @@ def _update_index(index_dir: str, device: str, change, verb: str, preposition: s
     from .index import index_lock
 
     t0 = time.perf_counter()
-    path = _open_for_update(index_dir)
+    path = open_index_dir(index_dir)
     with index_lock(path):  # held for the whole read-modify-write
         rag = LinearRAG.load(path, device=device)
         before = rag.index.summary()
@@ -292,24 +278,12 @@ def _read_ids(path: Path) -> list:
     return ids
 
 
-def _question_items(args) -> list[dict]:
-    """The questions of `query` / `answer`: the QUESTION arguments, then those of --questions FILE.jsonl."""
-    from .corpus import read_questions
-
-    items = [{"id": i, "question": q} for i, q in enumerate(args.question)]
-    if args.questions:
-        items += read_questions(args.questions)
-    if not items:
-        raise ValueError("no question given (pass QUESTION arguments or --questions FILE.jsonl)")
-    return items
-
-
 def cmd_convert(args) -> int:
     from .index import TriGraphIndex, index_lock
     from .index.storage import make_dirs
 
     t0 = time.perf_counter()
-    src, out = _open_for_update(args.index_dir), Path(args.out_dir)
+    src, out = open_index_dir(args.index_dir), Path(args.out_dir)
     same = out.exists() and out.resolve() == src.resolve()
 
     def folder_bytes(p: Path) -> int:
@@ -332,13 +306,13 @@ def cmd_convert(args) -> int:
 def cmd_query(args) -> int:
     from .api import LinearRAG
 
-    items = _question_items(args)
+    items = question_items(args)
     if args.ner_processes < 0:
         raise SystemExit(f"linearrag query: error: --ner-processes must be >= 0, got {args.ner_processes}")
     if args.shards:
         if args.ner_processes:
             raise SystemExit("linearrag query: error: --ner-processes does not apply with --shards")
-        from .sharded import cmd_query_sharded
+        from .distributed.launch import cmd_query_sharded
 
         return cmd_query_sharded(args, items)
     from .retrieval.pipeline import set_threads
@@ -360,23 +334,6 @@ def cmd_query(args) -> int:
     return 0
 
 
-def print_hits(items: list, results: list, as_json: bool) -> None:
-    """What `linearrag query` prints: per question its hits (api.Hit), as text or JSON lines."""
-    for it, hits in zip(items, results):
-        if as_json:
-            print(json.dumps({"id": it["id"], "question": it["question"],
-                              "hits": [{"id": h.id, "score": h.score, "title": h.title} for h in hits]}, ensure_ascii=False))
-        else:
-            print(f"Q {it['id']}: {it['question']}")
-            for rank, h in enumerate(hits, 1):
-                print(f"  {rank}. [{h.id}] {h.title or _snippet(h.text, 60)}  score {h.score:.4g}")
-
-
-def _snippet(text: str, n: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 1] + "…"
-
-
 def cmd_serve(args) -> int:
     try:
         from .serve.app import serve
@@ -390,7 +347,7 @@ def cmd_serve(args) -> int:
     ray_settings = ray_from_args(args)
     if not ray_settings.ray and ray_settings != RaySettings():
         raise ValueError("the Ray Serve settings (--replicas, --autoscale, ...) need --ray")
-    _open_for_update(args.index_dir)  # a clear error now for a folder that holds no index
+    open_index_dir(args.index_dir)  # a clear error now for a folder that holds no index
     llm = None
     if args.llm_base_url or args.llm_model or os.environ.get("LINEARRAG_LLM_BASE_URL"):
         from .answers.generation import LLMError, llm_from_args
@@ -418,7 +375,7 @@ def cmd_answer(args) -> int:
     from .api import LinearRAG
     from .answers.generation import LLMError, answer_batch, llm_from_args
 
-    items = _question_items(args)
+    items = question_items(args)
     try:
         llm = llm_from_args(args)  # a missing URL or model fails before the index loads
         rag = LinearRAG.load(args.index_dir, device=args.device)
@@ -437,7 +394,7 @@ def cmd_answer(args) -> int:
         else:
             print(f"Q {it['id']}: {it['question']}")
             print(f"  A: {a.answer}" + ("" if a.marker_found else "  (no 'Answer:' line: the whole reply)"))
-            print("  from: " + "; ".join(f"[{p.id}] {p.title or _snippet(p.text, 40)}" for p in a.passages))
+            print("  from: " + "; ".join(f"[{p.id}] {p.title or snippet(p.text, 40)}" for p in a.passages))
     spent = sum(a.usage.get("total_tokens", 0) for a in answers if not a.cached)
     print(f"answered {len(answers)} questions with {llm.model}: {sum(a.cached for a in answers)} replies from the "
           f"cache, {spent} tokens spent", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""The sharded engine (linearrag_torch/sharded.py) against the single-process engine: 2 and 3 gloo
+"""The sharded engine (linearrag_torch/distributed/) against the single-process engine: 2 and 3 gloo
 processes on 127.0.0.1 give the same top-k and scores within 1e-5, on a synthetic index with sentences
 shared by passages on different ranks and sentences of no passage, and on the small real index (default
 settings with the chain round, the reference code's settings, paper mode, the ablations)."""
@@ -9,7 +9,7 @@ import torch
 
 from linearrag_torch.retrieval import engine
 from linearrag_torch.config import RetrievalConfig
-from linearrag_torch.sharded import Comm, Shard, ShardedEngine, passage_bounds, retrieve_job, run_local
+from linearrag_torch.distributed import Comm, Shard, ShardedEngine, passage_bounds, retrieve_job, run_local
 from linearrag_torch.retrieval.sparse import Csr
 from linearrag_torch.synthetic import random_index, random_queries
 
@@ -187,7 +187,7 @@ def test_cli_shards_errors(small_index_dir, tmp_path, capsys):
 def test_question_side_without_the_index_tensors(small_rag, small_questions, nlp, encoder):
     """Rank 0's question path (QuestionIndex: strings and token hashes only, zero placeholders for stored
     vectors) gives the answers of LinearRAG's own question path once the owners fill in the vectors."""
-    from linearrag_torch.sharded import QuestionIndex, encode_questions
+    from linearrag_torch.distributed import QuestionIndex, encode_questions
 
     qs = [q["question"] for q in small_questions]
     cfg = small_rag.config

@@ -1,359 +1,22 @@
-"""One index sharded across processes (torch.distributed): every rank holds a contiguous range of the
-passages with the sentence and entity rows they need, runs the batched query path on its shard, and
-exchanges only what the math makes global. The result equals engine.retrieve on the whole index (up to
-float summation order, ~1e-7). docs/METHOD.md, "Sharded retrieval", derives each exchange; in short:
-
-    seeds (eq. 3)     each entity is scanned by one rank (its owner); all-gather of [best, arg] per
-                      question entity, the largest cosine wins, ties to the lowest entity index
-    activation        the state (active pairs) is replicated; each sentence is owned by one rank.
-      reference       per step: all-gather of each frontier pair's top_k_sentence unused (sigma, sentence)
-                      -> the global top_k_sentence; all-gather of the candidates the taken sentences give
-      paper           per step: all-gather of the partial sums M^T(sigma . M a) over owned sentences
-    eq. 7             all-reduce max of the per-question min and max of cos(q, p) (min-max normalisation);
-                      ln(1 + N_ep) sums are local (a passage's row of N is on its rank)
-    PageRank          reset normalisation: all-reduce of the passage reset sums (and the reset's dangling
-                      mass). Per block Gauss-Seidel step ONE all-reduce of [shared entities + 2, B]: the
-                      partial W_ep p' of the entities whose passages lie on several ranks, the new passages'
-                      dangling mass, and the L1 change of the step before (the stop rule is tested one
-                      collective late, on the iterate kept anyway)
-    top-k             all-gather of each rank's local top k, merged best first, ties to the lower passage
-    chain round       the owner of a source passage computes its chain seeds; all-gather and max
-                      per entity; the seed vectors come from the entities' owners (all-reduce)
-    pair rerank       all-reduce of the top pair_candidates passages' vectors [B, N, D] (zeros where not
-                      held); all-gather of the (question, slot, entity) links of the candidates each rank holds
-
-Use: ``Shard.build(index, rank, world)`` then ``ShardedEngine(shard, Comm()).retrieve(queries, cfg)``
-inside an initialised process group (``Comm(None)`` for one process without torch.distributed).
-``run_local`` starts N local processes; ``python -m linearrag_torch.sharded`` is the torchrun entry point.
-"""
+"""The query path of retrieval.engine on one shard (ShardedEngine; the exchanges are listed in __init__.py),
+and the question side of a sharded index (QuestionIndex, encode_questions: rank 0 encodes, then broadcasts)."""
 from __future__ import annotations
 
 import dataclasses
-import os
-import pickle
 import time
-from dataclasses import dataclass, field
 
 import torch
 
-from .retrieval import engine, pairs
-from . import kernels
-from .retrieval.activation import ActivePairs, nearest_entities
-from .retrieval.chain import enabled as chain_enabled, merge as chain_merge
-from .config import RetrievalConfig
-from .retrieval.pagerank import FLOOR_RULE_BELOW
-from .queries import EncodedQueries, Retrieved
-from .retrieval.sparse import Csr
-
-# ------------------------------------------------------------------------------------------ communication
-
-
-class Comm:
-    """The collectives the sharded engine uses, on the default process group (``group=None``) or, with
-    ``dist=False``, a single process (every collective is the identity). Counts the bytes each rank
-    contributes and the seconds spent inside collectives, per phase (``stats``)."""
-
-    def __init__(self, dist: bool = True):
-        self.dist = dist
-        if dist:
-            import torch.distributed as td
-
-            self.td = td
-            self.rank, self.world = td.get_rank(), td.get_world_size()
-        else:
-            self.td, self.rank, self.world = None, 0, 1
-        self.phase = "other"
-        self.stats: dict = {}
-
-    def _count(self, nbytes: int, seconds: float, calls: int = 1) -> None:
-        s = self.stats.setdefault(self.phase, {"calls": 0, "bytes": 0, "seconds": 0.0})
-        s["calls"] += calls
-        s["bytes"] += int(nbytes)
-        s["seconds"] += seconds
-
-    def all_reduce(self, x: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        """In place; returns x."""
-        if self.world == 1:
-            return x
-        t0 = time.perf_counter()
-        ops = {"sum": self.td.ReduceOp.SUM, "max": self.td.ReduceOp.MAX}
-        self.td.all_reduce(x, op=ops[op])
-        self._count(x.numel() * x.element_size(), time.perf_counter() - t0)
-        return x
-
-    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
-        """[world, *x.shape]: every rank's x (same shape on every rank)."""
-        if self.world == 1:
-            return x[None]
-        t0 = time.perf_counter()
-        out = torch.empty((self.world, *x.shape), dtype=x.dtype, device=x.device)
-        self.td.all_gather_into_tensor(out, x.contiguous()) if x.is_cuda else \
-            self.td.all_gather(list(out.unbind(0)), x.contiguous())
-        self._count(x.numel() * x.element_size(), time.perf_counter() - t0)
-        return out
-
-    def all_gather_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """The rows of every rank's x [n_rank, ...] concatenated in rank order (n_rank may differ)."""
-        if self.world == 1:
-            return x
-        n = self.all_gather(torch.tensor([x.shape[0]], dtype=torch.int64, device=x.device)).view(-1)
-        most = int(n.max())
-        pad = torch.zeros((most, *x.shape[1:]), dtype=x.dtype, device=x.device)
-        pad[:x.shape[0]] = x
-        out = self.all_gather(pad)
-        return torch.cat([out[r, :int(n[r])] for r in range(self.world)])
-
-    def all_gather_object(self, obj) -> list:
-        if self.world == 1:
-            return [obj]
-        t0 = time.perf_counter()
-        out = [None] * self.world
-        self.td.all_gather_object(out, obj)
-        self._count(0, time.perf_counter() - t0)
-        return out
-
-    def broadcast_object(self, obj, src: int = 0):
-        if self.world == 1:
-            return obj
-        box = [obj]
-        self.td.broadcast_object_list(box, src=src)
-        return box[0]
-
-
-# ------------------------------------------------------------------------------------------------- shards
-
-
-def _query_embeddings(emb: torch.Tensor, device) -> torch.Tensor:
-    """Stored vectors as the single-process engine keeps them on ``device`` (engine.query_embeddings where
-    it exists: half-precision indexes), else as stored."""
-    from .retrieval import engine
-
-    f = getattr(engine, "query_embeddings", None)
-    return f(emb, device) if f is not None else emb.to(device)
-
-
-def _cosines(emb: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """emb @ qᵀ as the single-process engine computes it (engine.cosines where it exists)."""
-    from .retrieval import engine
-
-    f = getattr(engine, "cosines", None)
-    return f(emb, q) if f is not None else emb @ q.to(emb.dtype).T
-
-
-def _find(sorted_ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Position of each x in the sorted id list, -1 where absent."""
-    if sorted_ids.numel() == 0:
-        return torch.full_like(x, -1)
-    i = torch.searchsorted(sorted_ids, x).clamp_(max=sorted_ids.numel() - 1)
-    return torch.where(sorted_ids[i] == x, i, torch.full_like(i, -1))
-
-
-def passage_bounds(passages: int, world: int) -> list:
-    """Rank r holds passages bounds[r] .. bounds[r + 1] - 1 (contiguous, equal counts within one)."""
-    return [passages * r // world for r in range(world + 1)]
-
-
-@dataclass
-class Shard:
-    """What one rank holds (all tensors on ``device``). Global ids stay global in results; ``entities`` and
-    ``sentences`` map the shard's local rows to global ids (both sorted, so local order = global order).
-
-    passages    lo .. hi - 1 with passage_emb [P_r, D], ids, titles, texts
-    N_logT      ln(1 + N) of the local passages, [E_r, P_r] (local entity rows)
-    sentences   the sentences of the local passages (and, on rank 0, the sentences of no passage),
-                sentence_emb [S_r, D], texts, M [S_r, E_r]; ``owned_MT`` [E_r, S_r] keeps only the
-                sentences this rank owns (the lowest passage holding it is local): activation counts
-                every sentence once
-    entities    C, N and M columns of those rows (ids only); ``owned_entities`` [E_o] (sorted global ids)
-                with entity_emb [E_o, D]: every entity has exactly one owner, which alone holds its
-                vector, scans it for seeds and provides it to chain rounds
-    walk        the PageRank operator on the local passages and the walk's entity rows: the entities
-                only this rank's passages touch (private) and every entity whose passages lie on
-                several ranks (shared, the same list on every rank; their partial products are
-                all-reduced each iteration)
-    """
-
-    rank: int
-    world: int
-    lo: int
-    hi: int
-    num_passages: int  # of the whole index
-    num_entities: int
-    passage_ids: list
-    titles: list
-    texts: list
-    passage_emb: torch.Tensor
-    N_logT: Csr
-    sentences: torch.Tensor  # [S_r] global ids
-    sentence_texts: list
-    sentence_emb: torch.Tensor
-    owned_sentence: torch.Tensor  # [S_r] bool
-    M: Csr  # [S_r, E_r]
-    PS: Csr  # [P_r, S_r]
-    entities: torch.Tensor  # [E_r] global ids
-    owned_entities: torch.Tensor  # [E_o] global ids, sorted
-    entity_emb: torch.Tensor  # [E_o, D]
-    walk_private: torch.Tensor  # [n_priv] local entity rows
-    walk_shared: torch.Tensor  # [n_sh] global ids (every rank: the same list)
-    shared_local: torch.Tensor  # [n_sh] local entity row of each shared entity, -1 where not local
-    to_passages: Csr  # [P_r, n_priv + n_sh]: w / str(e)
-    to_entities: Csr  # [n_priv + n_sh, P_r]: w / str(p)
-    dangling_passages: torch.Tensor  # local passage rows of strength 0
-    dangling_walk: torch.Tensor  # walk rows of strength 0 (private only)
-    dim: int = 0
-    walk_entities: torch.Tensor | None = None  # [n_priv + n_sh] global id of each walk column (pairs.py's links)
-    walk_df: torch.Tensor | None = None  # [n_priv + n_sh] passages of the whole index holding that entity
-    _mt: dict = field(default_factory=dict, repr=False)
-
-    @staticmethod
-    def build(index, rank: int, world: int, device="cpu") -> "Shard":
-        """Rank ``rank``'s shard of a TriGraphIndex (CPU tensors in); deterministic, so every rank can build
-        its own from the same index."""
-        if not 0 <= rank < world:
-            raise ValueError(f"rank must be in 0 .. {world - 1}, got {rank}")
-        P, S, E = index.num_passages, index.num_sentences, index.num_entities
-        if P < world:
-            raise ValueError(f"{world} shards need at least {world} passages, the index has {P}")
-        bounds = torch.tensor(passage_bounds(P, world))
-        lo, hi = int(bounds[rank]), int(bounds[rank + 1])
-
-        def rank_of(p):
-            return torch.searchsorted(bounds[1:], p, right=True)
-
-        C, N, M, PS = (m.to("cpu") for m in (index.C, index.N, index.M, index.PS))
-        # the lowest passage holding each sentence (0 for a sentence of no passage: rank 0 keeps those)
-        big = torch.iinfo(torch.int64).max
-        first_p = torch.full((S,), big, dtype=torch.int64).scatter_reduce_(0, PS.col, PS.row_index(), "amin")
-        first_p = torch.where(first_p == big, torch.zeros_like(first_p), first_p)
-        sent_owner = rank_of(first_p)
-        # the lowest passage where each entity appears (C, N, or a sentence of the passage): its owner
-        first_e = torch.full((E,), big, dtype=torch.int64)
-        first_e.scatter_reduce_(0, C.col, C.row_index(), "amin").scatter_reduce_(0, N.col, N.row_index(), "amin")
-        first_e.scatter_reduce_(0, M.col, first_p.index_select(0, M.row_index()), "amin")
-        first_e = torch.where(first_e == big, torch.zeros_like(first_e), first_e)
-        ent_owner = rank_of(first_e)
-        # local sentences: those of the local passages, plus (rank 0) those of no passage
-        in_ps = torch.zeros(S, dtype=torch.bool)
-        in_ps[PS.col] = True
-        local_p = torch.arange(lo, hi)
-        ps_lo, ps_hi = int(PS.crow[lo]), int(PS.crow[hi])
-        need_s = torch.zeros(S, dtype=torch.bool)
-        need_s[PS.col[ps_lo:ps_hi]] = True
-        if rank == 0:
-            need_s |= ~in_ps
-        sents = torch.nonzero(need_s).flatten()
-        # local entities: the columns of the local rows of C, N, M, and (rank 0) entities that appear nowhere
-        need_e = torch.zeros(E, dtype=torch.bool)
-        for mat, rows in ((C, local_p), (N, local_p), (M, sents)):
-            _, pos, _ = kernels.segment_positions(mat.crow, rows)
-            need_e[mat.col[pos]] = True
-        need_e |= ent_owner == rank
-        ents = torch.nonzero(need_e).flatten()
-        owned_ids = torch.nonzero(ent_owner == rank).flatten()  # a subset of ents
-        # the walk: strengths are global sums (an entity's passages may lie on several ranks)
-        strength_p = C.row_sums().double()
-        strength_e = torch.zeros(E, dtype=torch.float64).index_add_(0, C.col, C.val.double())
-        c_rank = rank_of(C.row_index())
-        lo_r = torch.full((E,), big, dtype=torch.int64).scatter_reduce_(0, C.col, c_rank, "amin")
-        hi_r = torch.full((E,), -1, dtype=torch.int64).scatter_reduce_(0, C.col, c_rank, "amax")
-        has_c = hi_r >= 0
-        shared = has_c & (lo_r != hi_r)
-        private = (has_c & (lo_r == rank) & (hi_r == rank)) | (~has_c & (ent_owner == rank))
-        walk_shared = torch.nonzero(shared).flatten()
-        walk_private_g = torch.nonzero(private).flatten()
-        n_priv = walk_private_g.numel()
-        walk_ids = torch.cat([walk_private_g, walk_shared])
-        walk_row = torch.full((E,), -1, dtype=torch.int64)
-        walk_row[walk_private_g] = torch.arange(n_priv)
-        walk_row[walk_shared] = n_priv + torch.arange(walk_shared.numel())
-        C_loc = C.submatrix(local_p, torch.arange(E))  # [P_r, E], global columns
-        rows_loc = C_loc.row_index()
-        inv_p = torch.where(strength_p > 0, 1.0 / strength_p, torch.zeros_like(strength_p))[lo:hi]
-        inv_e = torch.where(strength_e > 0, 1.0 / strength_e, torch.zeros_like(strength_e))
-        n_walk = n_priv + walk_shared.numel()
-        wcol = walk_row.index_select(0, C_loc.col)
-        to_p = Csr.from_coo(rows_loc, wcol, (C_loc.val.double() * inv_e.index_select(0, C_loc.col)).float(),
-                            (hi - lo, n_walk))
-        to_e = Csr.from_coo(wcol, rows_loc, (C_loc.val.double() * inv_p.index_select(0, rows_loc)).float(),
-                            (n_walk, hi - lo))
-        dangling_walk = torch.nonzero(strength_e.index_select(0, walk_private_g) == 0).flatten()
-
-        local_e = torch.full((E,), -1, dtype=torch.int64)
-        local_e[ents] = torch.arange(ents.numel())
-        N_loc = N.submatrix(local_p, ents)
-        M_loc = M.submatrix(sents, ents)
-        PS_loc = PS.submatrix(local_p, sents)
-        dev = torch.device(device)
-        return Shard(
-            rank=rank, world=world, lo=lo, hi=hi, num_passages=P, num_entities=E,
-            passage_ids=list(index.passage_ids[lo:hi]), titles=list(index.titles[lo:hi]), texts=list(index.texts[lo:hi]),
-            passage_emb=_query_embeddings(index.passage_emb[lo:hi], dev),
-            N_logT=N_loc.with_values(torch.log1p(N_loc.val)).transpose().to(dev),
-            sentences=sents.to(dev), sentence_texts=[index.sentences[i] for i in sents.tolist()],
-            sentence_emb=_query_embeddings(index.sentence_emb.index_select(0, sents), dev),
-            owned_sentence=(sent_owner.index_select(0, sents) == rank).to(dev),
-            M=M_loc.to(dev), PS=PS_loc.to(dev),
-            entities=ents.to(dev), owned_entities=owned_ids.to(dev),
-            entity_emb=_query_embeddings(index.entity_emb.index_select(0, owned_ids), dev),
-            walk_private=local_e.index_select(0, walk_private_g).to(dev), walk_shared=walk_shared.to(dev),
-            shared_local=local_e.index_select(0, walk_shared).to(dev),
-            to_passages=to_p.to(dev), to_entities=to_e.to(dev),
-            dangling_passages=torch.nonzero(strength_p[lo:hi] == 0).flatten().to(dev),
-            dangling_walk=dangling_walk.to(dev), dim=int(index.passage_emb.shape[1]),
-            walk_entities=walk_ids.to(dev), walk_df=torch.bincount(C.col, minlength=E).index_select(0, walk_ids).to(dev),
-        )
-
-    @property
-    def device(self) -> torch.device:
-        return self.passage_emb.device
-
-    def local_entity(self, e: torch.Tensor) -> torch.Tensor:
-        """Local row of each global entity id, -1 where this shard does not hold it."""
-        if self.entities.numel() == 0:
-            return torch.full_like(e, -1)
-        i = torch.searchsorted(self.entities, e).clamp_(max=self.entities.numel() - 1)
-        return torch.where(self.entities[i] == e, i, torch.full_like(i, -1))
-
-    def owned_row(self, e: torch.Tensor) -> torch.Tensor:
-        """Row in entity_emb of each global entity id, -1 where this shard does not own it."""
-        return _find(self.owned_entities, e)
-
-    def local_sentence(self, s: torch.Tensor) -> torch.Tensor:
-        if self.sentences.numel() == 0:
-            return torch.full_like(s, -1)
-        i = torch.searchsorted(self.sentences, s).clamp_(max=self.sentences.numel() - 1)
-        return torch.where(self.sentences[i] == s, i, torch.full_like(i, -1))
-
-    def matrix(self, name: str) -> torch.Tensor:
-        """torch CSR forms, made once: to_passages, to_entities, M, MT (Mᵀ of the owned sentences only)."""
-        if name not in self._mt:
-            if name == "MT":
-                M = self.M.to("cpu")
-                owned = self.owned_sentence.to("cpu")
-                keep = owned.index_select(0, M.row_index())
-                m = Csr.from_coo(M.col[keep], M.row_index()[keep], M.val[keep], (M.shape[1], M.shape[0]))
-            else:
-                m = getattr(self, name).to("cpu")
-            self._mt[name] = m.torch(self.device, index_dtype=m.compact_index_dtype())
-        return self._mt[name]
-
-    def nbytes(self) -> dict:
-        """Bytes held per kind (embeddings, graph matrices) on the device."""
-        def t(*xs):
-            return sum(x.numel() * x.element_size() for x in xs)
-
-        def csr(m):
-            return t(m.crow, m.col, m.val)
-
-        return {
-            "passage_emb": t(self.passage_emb), "sentence_emb": t(self.sentence_emb), "entity_emb": t(self.entity_emb),
-            "matrices": csr(self.N_logT) + csr(self.M) + csr(self.PS) + csr(self.to_passages) + csr(self.to_entities)
-            + t(self.sentences, self.entities, self.owned_sentence, self.owned_entities, self.walk_private,
-                self.walk_shared, self.shared_local),
-        }
-
-
-# ------------------------------------------------------------------------------------------------- engine
+from .. import kernels
+from ..config import RetrievalConfig
+from ..queries import EncodedQueries, Retrieved
+from ..retrieval import engine, pairs  # engine: the single-process engine, whose math this one splits up
+from ..retrieval.activation import ActivePairs, nearest_entities
+from ..retrieval.chain import enabled as chain_enabled, merge as chain_merge
+from ..retrieval.engine import cosines
+from ..retrieval.pagerank import FLOOR_RULE_BELOW
+from .comm import Comm
+from .shard import Shard
 
 
 class ShardedEngine:
@@ -592,7 +255,7 @@ class ShardedEngine:
     def _one_round(self, queries: EncodedQueries, cfg: RetrievalConfig) -> Retrieved:
         sh, comm = self.shard, self.comm
         B, dev = queries.batch_size, sh.device
-        sim = _cosines(sh.passage_emb, queries.query_emb)  # [P_r, B]
+        sim = cosines(sh.passage_emb, queries.query_emb)  # [P_r, B]
         act = self.activate(queries, cfg)
         use_graph = torch.zeros(B, dtype=torch.bool, device=dev)
         use_graph[act.col] = True
@@ -762,7 +425,7 @@ class ShardedEngine:
     def _prior(self, queries: EncodedQueries, seeds: list, cfg: RetrievalConfig):
         """chain.passage_prior for this rank's passages: a passage's sentences and the entities they mention
         are all on its rank, so the seeds this rank holds give its passages' entries with nothing exchanged."""
-        from .retrieval import chain
+        from ..retrieval import chain
 
         sh = self.shard
         ents = sorted({e for sd in seeds for e in sd})
@@ -772,7 +435,7 @@ class ShardedEngine:
         return chain.passage_prior(_ChainView(sh), queries, local, cfg)
 
     def _chain_seeds(self, queries, first: Retrieved, cfg, skip) -> list:
-        from .retrieval import chain
+        from ..retrieval import chain
 
         sh = self.shard
         idx = first.indices.cpu()
@@ -842,7 +505,7 @@ class ShardedEngine:
 
     def hits(self, out: Retrieved) -> list:
         """api.LinearRAG.hits for a sharded result (every rank gets the same list)."""
-        from .api import Hit
+        from ..api import Hit
 
         idx, scores = out.indices.cpu().tolist(), out.scores.cpu().tolist()
         info = self.passages([i for row in idx for i in row if i >= 0])
@@ -888,9 +551,9 @@ class _ZeroRows:
 def encode_questions(qindex: QuestionIndex, questions: list, cfg: RetrievalConfig, nlp=None, encoder=None,
                      device="cpu") -> EncodedQueries:
     """LinearRAG.encode_queries for a sharded index (rank 0 runs it and broadcasts the result)."""
-    from .api import _load_encoder, _load_nlp
-    from .corpus import check_question
-    from .retrieval.pipeline import QuestionPipeline
+    from ..api import _load_encoder, _load_nlp
+    from ..corpus import check_question
+    from ..retrieval.pipeline import QuestionPipeline
 
     for q in questions:
         check_question(q)
@@ -898,217 +561,3 @@ def encode_questions(qindex: QuestionIndex, questions: list, cfg: RetrievalConfi
                             encoder or _load_encoder(qindex.index_config, device))
     enc = pipe.encode(questions, pipe.entities(questions, cfg.lexicon_seeds), True)
     return EncodedQueries(enc.query_emb, enc.entity_emb, enc.entity_owner, enc.entity_text, enc.entity_rows, None)
-
-
-# ------------------------------------------------------------------------------------------ process group
-
-
-def device_for(rank: int, device: str = "auto") -> torch.device:
-    """cuda:(local rank mod GPUs) when CUDA is present (device auto or cuda), else cpu."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        local = int(os.environ.get("LOCAL_RANK", rank))
-        return torch.device("cuda", local % torch.cuda.device_count())
-    return torch.device(device)
-
-
-def init_group(rank: int, world: int, port: int | None = None, device: torch.device = torch.device("cpu"),
-               timeout_s: float = 300.0) -> Comm:
-    """Join the process group: NCCL for CUDA, gloo for CPU. With ``port``, rendezvous on 127.0.0.1:port
-    (local processes); without, torch's env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE: torchrun)."""
-    import datetime
-
-    import torch.distributed as td
-
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    url = f"tcp://127.0.0.1:{port}" if port else "env://"
-    kw = {"device_id": device} if device.type == "cuda" else {}
-    td.init_process_group(backend, init_method=url, rank=rank, world_size=world,
-                          timeout=datetime.timedelta(seconds=timeout_s), **kw)
-    return Comm()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _local_worker(rank, world, port, device, fn, args, out_q):
-    import torch.distributed as td
-
-    try:
-        comm = init_group(rank, world, port, device_for(rank, device))
-        out = fn(comm, *args)
-        # plain pickle bytes: tensors sent through torch's shared-memory reducers would need this
-        # process alive until the parent has read them
-        out_q.put((rank, "ok", pickle.dumps(out)))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        import traceback
-
-        out_q.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-    finally:
-        if td.is_initialized():
-            td.destroy_process_group()
-
-
-def run_local(world: int, fn, args=(), device: str = "cpu", timeout_s: float = 600.0) -> list:
-    """Run ``fn(comm, *args)`` in ``world`` local processes (spawned, one process group on 127.0.0.1 at a
-    free port) and return their results in rank order; an error or ``timeout_s`` in any rank raises
-    RuntimeError (the others are terminated). ``fn`` and ``args`` must be picklable."""
-    import queue
-
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    out_q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_local_worker, args=(r, world, port, device, fn, args, out_q), daemon=True)
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    results = {}
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(results) < world:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RuntimeError(f"sharded run: no result from ranks {sorted(set(range(world)) - set(results))} "
-                                   f"within {timeout_s:.0f} s")
-            try:
-                rank, status, value = out_q.get(timeout=min(left, 1.0))
-            except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
-                if dead:
-                    raise RuntimeError(f"sharded run: rank {dead[0]} exited with code {procs[dead[0]].exitcode}")
-                continue
-            if status == "error":
-                raise RuntimeError(f"sharded run: rank {rank} failed: {value}")
-            results[rank] = pickle.loads(value)
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
-    return [results[r] for r in range(world)]
-
-
-# ------------------------------------------------------------------------------------------- the query job
-
-
-def query_job(comm: Comm, index_dir: str, questions: list, overrides: dict, top_k=None, batch_size: int = 256,
-              reference_code: bool = False, threads: int | None = None, device: str = "auto",
-              quantize: str | None = None, encoder_backend: str = "torch"):
-    """One rank of `linearrag query --shards N` (or of a torchrun job): load INDEX_DIR, keep this rank's
-    shard (the rest is freed), answer the questions (rank 0 encodes them, with ``quantize`` and
-    ``encoder_backend`` as LinearRAG takes them, and broadcasts the vectors) and return the hits (api.Hit
-    lists) on rank 0, None elsewhere."""
-    import gc
-
-    from .index import TriGraphIndex
-    from .retrieval.pipeline import set_threads
-
-    set_threads(threads)
-    dev = device_for(comm.rank, device)
-    index = TriGraphIndex.load(index_dir, device="cpu")
-    base = index.retrieval_config
-    if reference_code:
-        base = RetrievalConfig.reference_code(top_k=base.top_k)
-    cfg = base.replace(**overrides).replace(top_k=top_k)
-    shard = Shard.build(index, comm.rank, comm.world, dev)
-    qindex = QuestionIndex(index) if comm.rank == 0 else None
-    del index
-    gc.collect()
-    engine = ShardedEngine(shard, comm)
-    encoder = None
-    if comm.rank == 0:
-        from .api import load_question_encoder
-
-        encoder = load_question_encoder(qindex.index_config, dev, quantize, encoder_backend)
-    results = []
-    for start in range(0, len(questions), batch_size):
-        chunk = questions[start:start + batch_size]
-        enc = encode_questions(qindex, chunk, cfg, encoder=encoder, device=dev) if comm.rank == 0 else None
-        enc = comm.broadcast_object(None if enc is None else enc.to("cpu"))
-        results += engine.hits(engine.retrieve(enc, cfg))
-    return results if comm.rank == 0 else None
-
-
-def _check_device(device: str, shards: int) -> str:
-    dev = "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
-    if dev.startswith("cuda"):
-        n = torch.cuda.device_count()
-        if shards > n:
-            raise ValueError(f"--shards {shards} on CUDA needs {shards} GPUs (NCCL puts one rank on each), "
-                             f"torch sees {n}; use --device cpu (gloo) or fewer shards")
-        return "cuda"
-    return dev
-
-
-def cmd_query_sharded(args, items: list) -> int:
-    """`linearrag query INDEX_DIR ... --shards N`: N local processes, rank 0 prints (cli.print_hits)."""
-    from . import cli
-
-    if args.backend != "torch":
-        raise ValueError("--shards runs the torch engine; --backend scipy answers in one process")
-    cli._open_for_update(args.index_dir)  # a clear error now for a folder that holds no index
-    device = _check_device(args.device, args.shards)
-    threads = args.threads or max(1, (os.cpu_count() or 1) // args.shards)
-    try:
-        hits = run_local(args.shards, query_job,
-                         (str(args.index_dir), [it["question"] for it in items], cli._settings(args), args.top_k,
-                          args.batch_size, args.reference_code, threads, device, args.quantize, args.encoder_backend),
-                         device=device, timeout_s=float(os.environ.get("LINEARRAG_SHARD_TIMEOUT", 3600)))[0]
-    except RuntimeError as exc:
-        raise ValueError(str(exc).splitlines()[0]) from None
-    cli.print_hits(items, hits, args.json)
-    return 0
-
-
-def retrieve_job(comm: Comm, index, queries: EncodedQueries, configs: list, device: str = "cpu") -> list:
-    """One rank: shard ``index`` (the whole TriGraphIndex, pickled to every rank) and retrieve ``queries``
-    under each config; returns the Retrieved list (CPU tensors; every rank gets the same)."""
-    shard = Shard.build(index, comm.rank, comm.world, device_for(comm.rank, device))
-    engine = ShardedEngine(shard, comm)
-    out = []
-    for cfg in configs:
-        r = engine.retrieve(queries, cfg)
-        out.append(Retrieved(r.indices.cpu(), r.scores.cpu()))
-    return out
-
-
-def main(argv=None) -> int:
-    """torchrun entry point: ``torchrun ... -m linearrag_torch.sharded INDEX_DIR QUESTION ...`` with the
-    arguments of `linearrag query` (not --shards: the launcher's WORLD_SIZE is the shard count); each rank
-    joins through env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK) and rank 0 prints."""
-    import sys
-
-    from . import cli
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    args = cli.parser().parse_args(["query", *(sys.argv[1:] if argv is None else argv)])
-    items = cli._question_items(args)
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    comm = init_group(rank, world, None, device_for(rank, args.device))
-    try:
-        hits = query_job(comm, args.index_dir, [it["question"] for it in items], cli._settings(args), args.top_k,
-                         args.batch_size, args.reference_code, args.threads, args.device, args.quantize,
-                         args.encoder_backend)
-    finally:
-        import torch.distributed as td
-
-        td.destroy_process_group()
-    if rank == 0:
-        cli.print_hits(items, hits, args.json)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

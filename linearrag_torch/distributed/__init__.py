@@ -1,0 +1,41 @@
+"""One index sharded across processes (torch.distributed): every rank holds a contiguous range of the
+passages with the sentence and entity rows they need, runs the batched query path on its shard, and
+exchanges only what the math makes global. The result equals engine.retrieve on the whole index (up to
+float summation order, ~1e-7). docs/METHOD.md, "Sharded retrieval", derives each exchange; in short:
+
+    seeds (eq. 3)     each entity is scanned by one rank (its owner); all-gather of [best, arg] per
+                      question entity, the largest cosine wins, ties to the lowest entity index
+    activation        the state (active pairs) is replicated; each sentence is owned by one rank.
+      reference       per step: all-gather of each frontier pair's top_k_sentence unused (sigma, sentence)
+                      -> the global top_k_sentence; all-gather of the candidates the taken sentences give
+      paper           per step: all-gather of the partial sums M^T(sigma . M a) over owned sentences
+    eq. 7             all-reduce max of the per-question min and max of cos(q, p) (min-max normalisation);
+                      ln(1 + N_ep) sums are local (a passage's row of N is on its rank)
+    PageRank          reset normalisation: all-reduce of the passage reset sums (and the reset's dangling
+                      mass). Per block Gauss-Seidel step ONE all-reduce of [shared entities + 2, B]: the
+                      partial W_ep p' of the entities whose passages lie on several ranks, the new passages'
+                      dangling mass, and the L1 change of the step before (the stop rule is tested one
+                      collective late, on the iterate kept anyway)
+    top-k             all-gather of each rank's local top k, merged best first, ties to the lower passage
+    chain round       the owner of a source passage computes its chain seeds; all-gather and max
+                      per entity; the seed vectors come from the entities' owners (all-reduce)
+    pair rerank       all-reduce of the top pair_candidates passages' vectors [B, N, D] (zeros where not
+                      held); all-gather of the (question, slot, entity) links of the candidates each rank holds
+
+Use: ``Shard.build(index, rank, world)`` then ``ShardedEngine(shard, Comm()).retrieve(queries, cfg)``
+inside an initialised process group (``Comm(False)`` for one process without torch.distributed).
+``run_local`` starts N local processes; ``python -m linearrag_torch.distributed`` is the torchrun entry point.
+
+    comm.py      Comm: the collectives (the identity in one process), bytes and seconds counted per phase
+    shard.py     Shard: what one rank holds, built from the whole index (passage_bounds)
+    engine.py    ShardedEngine: the query path on one shard; the question side (QuestionIndex, encode_questions)
+    launch.py    process groups (init_group, run_local), the per-rank jobs, `linearrag query --shards N`
+    __main__.py  the torchrun entry point
+"""
+from .comm import Comm
+from .engine import QuestionIndex, ShardedEngine, encode_questions
+from .launch import device_for, init_group, query_job, retrieve_job, run_local
+from .shard import Shard, passage_bounds
+
+__all__ = ["Comm", "QuestionIndex", "Shard", "ShardedEngine", "device_for", "encode_questions", "init_group",
+           "passage_bounds", "query_job", "retrieve_job", "run_local"]

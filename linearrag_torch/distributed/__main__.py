@@ -1,0 +1,38 @@
+"""The torchrun entry point of the sharded engine:
+``torchrun --nproc-per-node N -m linearrag_torch.distributed INDEX_DIR QUESTION ...``."""
+from __future__ import annotations
+
+import os
+
+from ..cli import parser
+from ..cli_common import print_hits, question_items, retrieval_settings
+from .launch import device_for, init_group, query_job
+
+
+def main(argv=None) -> int:
+    """torchrun entry point: ``torchrun ... -m linearrag_torch.distributed INDEX_DIR QUESTION ...`` with the
+    arguments of `linearrag query` (not --shards: the launcher's WORLD_SIZE is the shard count); each rank
+    joins through env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK) and rank 0 prints."""
+    import sys
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    args = parser().parse_args(["query", *(sys.argv[1:] if argv is None else argv)])
+    items = question_items(args)
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    comm = init_group(rank, world, None, device_for(rank, args.device))
+    try:
+        hits = query_job(comm, args.index_dir, [it["question"] for it in items], retrieval_settings(args), args.top_k,
+                         args.batch_size, args.reference_code, args.threads, args.device, args.quantize,
+                         args.encoder_backend)
+    finally:
+        import torch.distributed as td
+
+        td.destroy_process_group()
+    if rank == 0:
+        print_hits(items, hits, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""The collectives of the sharded engine (torch.distributed), counted per phase."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class Comm:
+    """The collectives the sharded engine uses, on the default process group (``group=None``) or, with
+    ``dist=False``, a single process (every collective is the identity). Counts the bytes each rank
+    contributes and the seconds spent inside collectives, per phase (``stats``)."""
+
+    def __init__(self, dist: bool = True):
+        self.dist = dist
+        if dist:
+            import torch.distributed as td
+
+            self.td = td
+            self.rank, self.world = td.get_rank(), td.get_world_size()
+        else:
+            self.td, self.rank, self.world = None, 0, 1
+        self.phase = "other"
+        self.stats: dict = {}
+
+    def _count(self, nbytes: int, seconds: float, calls: int = 1) -> None:
+        s = self.stats.setdefault(self.phase, {"calls": 0, "bytes": 0, "seconds": 0.0})
+        s["calls"] += calls
+        s["bytes"] += int(nbytes)
+        s["seconds"] += seconds
+
+    def all_reduce(self, x: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """In place; returns x."""
+        if self.world == 1:
+            return x
+        t0 = time.perf_counter()
+        ops = {"sum": self.td.ReduceOp.SUM, "max": self.td.ReduceOp.MAX}
+        self.td.all_reduce(x, op=ops[op])
+        self._count(x.numel() * x.element_size(), time.perf_counter() - t0)
+        return x
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """[world, *x.shape]: every rank's x (same shape on every rank)."""
+        if self.world == 1:
+            return x[None]
+        t0 = time.perf_counter()
+        out = torch.empty((self.world, *x.shape), dtype=x.dtype, device=x.device)
+        self.td.all_gather_into_tensor(out, x.contiguous()) if x.is_cuda else \
+            self.td.all_gather(list(out.unbind(0)), x.contiguous())
+        self._count(x.numel() * x.element_size(), time.perf_counter() - t0)
+        return out
+
+    def all_gather_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """The rows of every rank's x [n_rank, ...] concatenated in rank order (n_rank may differ)."""
+        if self.world == 1:
+            return x
+        n = self.all_gather(torch.tensor([x.shape[0]], dtype=torch.int64, device=x.device)).view(-1)
+        most = int(n.max())
+        pad = torch.zeros((most, *x.shape[1:]), dtype=x.dtype, device=x.device)
+        pad[:x.shape[0]] = x
+        out = self.all_gather(pad)
+        return torch.cat([out[r, :int(n[r])] for r in range(self.world)])
+
+    def all_gather_object(self, obj) -> list:
+        if self.world == 1:
+            return [obj]
+        t0 = time.perf_counter()
+        out = [None] * self.world
+        self.td.all_gather_object(out, obj)
+        self._count(0, time.perf_counter() - t0)
+        return out
+
+    def broadcast_object(self, obj, src: int = 0):
+        if self.world == 1:
+            return obj
+        box = [obj]
+        self.td.broadcast_object_list(box, src=src)
+        return box[0]

@@ -1,0 +1,195 @@
+"""Starting the sharded engine: the process group (init_group, one device per rank), N local processes
+(run_local), and the per-rank jobs: query_job (`linearrag query --shards N`: cmd_query_sharded; the
+torchrun entry point, __main__.py) and retrieve_job (tests, benchmarks)."""
+from __future__ import annotations
+
+import os
+import pickle
+import time
+
+import torch
+
+from ..cli_common import open_index_dir, print_hits, retrieval_settings
+from ..config import RetrievalConfig
+from ..queries import EncodedQueries, Retrieved
+from .comm import Comm
+from .engine import QuestionIndex, ShardedEngine, encode_questions
+from .shard import Shard
+
+
+def device_for(rank: int, device: str = "auto") -> torch.device:
+    """cuda:(local rank mod GPUs) when CUDA is present (device auto or cuda), else cpu."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        return torch.device("cuda", local % torch.cuda.device_count())
+    return torch.device(device)
+
+
+def init_group(rank: int, world: int, port: int | None = None, device: torch.device = torch.device("cpu"),
+               timeout_s: float = 300.0) -> Comm:
+    """Join the process group: NCCL for CUDA, gloo for CPU. With ``port``, rendezvous on 127.0.0.1:port
+    (local processes); without, torch's env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE: torchrun)."""
+    import datetime
+
+    import torch.distributed as td
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    url = f"tcp://127.0.0.1:{port}" if port else "env://"
+    kw = {"device_id": device} if device.type == "cuda" else {}
+    td.init_process_group(backend, init_method=url, rank=rank, world_size=world,
+                          timeout=datetime.timedelta(seconds=timeout_s), **kw)
+    return Comm()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _local_worker(rank, world, port, device, fn, args, out_q):
+    import torch.distributed as td
+
+    try:
+        comm = init_group(rank, world, port, device_for(rank, device))
+        out = fn(comm, *args)
+        # plain pickle bytes: tensors sent through torch's shared-memory reducers would need this
+        # process alive until the parent has read them
+        out_q.put((rank, "ok", pickle.dumps(out)))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        import traceback
+
+        out_q.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    finally:
+        if td.is_initialized():
+            td.destroy_process_group()
+
+
+def run_local(world: int, fn, args=(), device: str = "cpu", timeout_s: float = 600.0) -> list:
+    """Run ``fn(comm, *args)`` in ``world`` local processes (spawned, one process group on 127.0.0.1 at a
+    free port) and return their results in rank order; an error or ``timeout_s`` in any rank raises
+    RuntimeError (the others are terminated). ``fn`` and ``args`` must be picklable."""
+    import queue
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out_q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_local_worker, args=(r, world, port, device, fn, args, out_q), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) < world:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"sharded run: no result from ranks {sorted(set(range(world)) - set(results))} "
+                                   f"within {timeout_s:.0f} s")
+            try:
+                rank, status, value = out_q.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
+                if dead:
+                    raise RuntimeError(f"sharded run: rank {dead[0]} exited with code {procs[dead[0]].exitcode}")
+                continue
+            if status == "error":
+                raise RuntimeError(f"sharded run: rank {rank} failed: {value}")
+            results[rank] = pickle.loads(value)
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+    return [results[r] for r in range(world)]
+
+
+# ------------------------------------------------------------------------------------------- the query job
+
+
+def query_job(comm: Comm, index_dir: str, questions: list, overrides: dict, top_k=None, batch_size: int = 256,
+              reference_code: bool = False, threads: int | None = None, device: str = "auto",
+              quantize: str | None = None, encoder_backend: str = "torch"):
+    """One rank of `linearrag query --shards N` (or of a torchrun job): load INDEX_DIR, keep this rank's
+    shard (the rest is freed), answer the questions (rank 0 encodes them, with ``quantize`` and
+    ``encoder_backend`` as LinearRAG takes them, and broadcasts the vectors) and return the hits (api.Hit
+    lists) on rank 0, None elsewhere."""
+    import gc
+
+    from ..index import TriGraphIndex
+    from ..retrieval.pipeline import set_threads
+
+    set_threads(threads)
+    dev = device_for(comm.rank, device)
+    index = TriGraphIndex.load(index_dir, device="cpu")
+    base = index.retrieval_config
+    if reference_code:
+        base = RetrievalConfig.reference_code(top_k=base.top_k)
+    cfg = base.replace(**overrides).replace(top_k=top_k)
+    shard = Shard.build(index, comm.rank, comm.world, dev)
+    qindex = QuestionIndex(index) if comm.rank == 0 else None
+    del index
+    gc.collect()
+    engine = ShardedEngine(shard, comm)
+    encoder = None
+    if comm.rank == 0:
+        from ..api import load_question_encoder
+
+        encoder = load_question_encoder(qindex.index_config, dev, quantize, encoder_backend)
+    results = []
+    for start in range(0, len(questions), batch_size):
+        chunk = questions[start:start + batch_size]
+        enc = encode_questions(qindex, chunk, cfg, encoder=encoder, device=dev) if comm.rank == 0 else None
+        enc = comm.broadcast_object(None if enc is None else enc.to("cpu"))
+        results += engine.hits(engine.retrieve(enc, cfg))
+    return results if comm.rank == 0 else None
+
+
+def _check_device(device: str, shards: int) -> str:
+    dev = "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+    if dev.startswith("cuda"):
+        n = torch.cuda.device_count()
+        if shards > n:
+            raise ValueError(f"--shards {shards} on CUDA needs {shards} GPUs (NCCL puts one rank on each), "
+                             f"torch sees {n}; use --device cpu (gloo) or fewer shards")
+        return "cuda"
+    return dev
+
+
+def cmd_query_sharded(args, items: list) -> int:
+    """`linearrag query INDEX_DIR ... --shards N`: N local processes, rank 0 prints (cli_common.print_hits)."""
+    if args.backend != "torch":
+        raise ValueError("--shards runs the torch engine; --backend scipy answers in one process")
+    open_index_dir(args.index_dir)  # a clear error now for a folder that holds no index
+    device = _check_device(args.device, args.shards)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.shards)
+    try:
+        hits = run_local(args.shards, query_job,
+                         (str(args.index_dir), [it["question"] for it in items], retrieval_settings(args), args.top_k,
+                          args.batch_size, args.reference_code, threads, device, args.quantize, args.encoder_backend),
+                         device=device, timeout_s=float(os.environ.get("LINEARRAG_SHARD_TIMEOUT", 3600)))[0]
+    except RuntimeError as exc:
+        raise ValueError(str(exc).splitlines()[0]) from None
+    print_hits(items, hits, args.json)
+    return 0
+
+
+def retrieve_job(comm: Comm, index, queries: EncodedQueries, configs: list, device: str = "cpu") -> list:
+    """One rank: shard ``index`` (the whole TriGraphIndex, pickled to every rank) and retrieve ``queries``
+    under each config; returns the Retrieved list (CPU tensors; every rank gets the same)."""
+    shard = Shard.build(index, comm.rank, comm.world, device_for(comm.rank, device))
+    engine = ShardedEngine(shard, comm)
+    out = []
+    for cfg in configs:
+        r = engine.retrieve(queries, cfg)
+        out.append(Retrieved(r.indices.cpu(), r.scores.cpu()))
+    return out
