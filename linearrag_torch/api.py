@@ -7,28 +7,18 @@
 """
 from __future__ import annotations
 
-import dataclasses
-import warnings
-from typing import NamedTuple
-
 import torch
 
-from .retrieval import engine, scipy_backend
+from . import models
 from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig
-from .corpus import Passage, as_passages, check_new_ids, check_question, read_corpus
+from .corpus import check_new_ids, check_question
 from .index import TriGraphIndex
 from .queries import EncodedQueries, Retrieved
+from .results import Hit
+from .retrieval import engine, scipy_backend
 
 BACKENDS = ("torch", "scipy")
 QUESTION_ENCODERS = (None, "bfloat16", "int8", "int8-all")  # LinearRAG(quantize=...)
-
-
-class Hit(NamedTuple):
-    id: object  # the corpus id
-    score: float
-    title: str
-    text: str
-    row: int  # position in the index
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -85,16 +75,16 @@ class LinearRAG:
         from .indexing.build import build_index
 
         dev = resolve_device(device)
-        passages = _read_passages(corpus)
-        check_new_ids(passages, (), source=corpus if _is_path(corpus) else None)
+        passages = models.read_passages(corpus)
+        check_new_ids(passages, (), source=corpus if models.is_path(corpus) else None)
         index_config = index_config or IndexConfig()
-        nlp = nlp or _load_nlp(index_config)
+        nlp = nlp or models.load_nlp(index_config)
         given = encoder is not None
-        encoder = encoder or _load_encoder(index_config, dev)
+        encoder = encoder or models.load_encoder(index_config, dev)
         index = build_index(passages, index_config, config or RetrievalConfig(), device=str(dev),
                             progress=progress, nlp=nlp, encoder=encoder)
         # questions in float32 (see __init__) with the same model, unless the caller chose the encoder
-        return cls(index, dev, nlp, encoder if given else _with_precision(encoder, "float32"))
+        return cls(index, dev, nlp, encoder if given else models.with_precision(encoder, "float32"))
 
     @classmethod
     def load(cls, path, device="auto", quantize: str | None = None, encoder_backend: str = "torch") -> "LinearRAG":
@@ -116,8 +106,8 @@ class LinearRAG:
         its line; the index is then unchanged. Two passages with the same text stay two passages."""
         from .indexing.build import add_passages
 
-        passages = _read_passages(corpus, first_id=self.index.num_passages)
-        check_new_ids(passages, self.index.passage_ids, source=corpus if _is_path(corpus) else None)
+        passages = models.read_passages(corpus, first_id=self.index.num_passages)
+        check_new_ids(passages, self.index.passage_ids, source=corpus if models.is_path(corpus) else None)
         self._set_index(add_passages(self.index, passages, progress=progress, nlp=self.nlp,
                                      encoder=self._passage_encoder()))
         return self
@@ -143,7 +133,7 @@ class LinearRAG:
     @property
     def nlp(self):
         if self._nlp is None:
-            self._nlp = _load_nlp(self.index.index_config)
+            self._nlp = models.load_nlp(self.index.index_config)
         return self._nlp
 
     def start_ner_processes(self, processes: int, caller_part: bool = True):
@@ -175,7 +165,7 @@ class LinearRAG:
     def encoder(self):
         """The question encoder (``quantize`` in __init__)."""
         if self._encoder is None:
-            self._encoder = load_question_encoder(self.index.index_config, self.device, self.quantize,
+            self._encoder = models.load_question_encoder(self.index.index_config, self.device, self.quantize,
                                                   self.encoder_backend)
         return self._encoder
 
@@ -189,7 +179,7 @@ class LinearRAG:
             return enc  # a stand-in encoder, or the right one already
         if enc.quantize is None and torch_backend:
             return enc.with_precision(want)
-        return _load_encoder(self.index.index_config, self.device)
+        return models.load_encoder(self.index.index_config, self.device)
 
     @property
     def pipeline(self):
@@ -307,50 +297,3 @@ class LinearRAG:
                 ],
             })
         return result
-
-
-def _is_path(corpus) -> bool:
-    return isinstance(corpus, (str, bytes)) or hasattr(corpus, "__fspath__")
-
-
-def _read_passages(corpus, first_id: int = 0) -> list[Passage]:
-    if _is_path(corpus):
-        return read_corpus(corpus, first_id=first_id)
-    return as_passages(corpus, first_id=first_id)
-
-
-def _load_nlp(cfg: IndexConfig):
-    from .indexing.nlp import load_spacy
-
-    return load_spacy(cfg.spacy_model)
-
-
-def _with_precision(encoder, precision: str):
-    """``encoder`` (an encoding.Encoder) in ``precision``, sharing its model; a stand-in or int8 one as it is."""
-    if getattr(encoder, "quantize", "stand-in") is None and encoder.precision != precision:
-        return encoder.with_precision(precision)
-    return encoder
-
-
-def load_question_encoder(cfg: IndexConfig, device, quantize: str | None = None, backend: str = "torch"):
-    """The question encoder of an index made with ``cfg``: its model, in float32 whatever the index was
-    encoded in, or as ``quantize`` asks, on ``backend`` (LinearRAG.__init__)."""
-    from .indexing.encoding import native_bf16
-
-    if quantize == "bfloat16" and not native_bf16(device):
-        warnings.warn(f"quantize='bfloat16': {torch.device(device)} has no native bf16 (AMX-BF16, AVX512-BF16 or CUDA), "
-                      f"so the question encoder runs in float32 (emulated bf16 measured 5.8x slower)", RuntimeWarning,
-                      stacklevel=3)
-    cfg = dataclasses.replace(cfg, encoder_precision="auto" if quantize == "bfloat16" else "float32")
-    int8 = quantize if quantize in ("int8", "int8-all") else None
-    extra = {"quantize": int8} if int8 else {}  # (tests stand in a 2-argument loader)
-    if backend != "torch":
-        extra["backend"] = backend
-    return _load_encoder(cfg, device, **extra)
-
-
-def _load_encoder(cfg: IndexConfig, device, quantize: str | None = None, backend: str = "torch"):
-    from .indexing.encoding import Encoder
-
-    return Encoder(cfg.encoder, device=str(device), max_length=cfg.max_length, batch_size=cfg.batch_size,
-                   quantize=quantize, precision=cfg.encoder_precision, backend=backend)

@@ -22,7 +22,7 @@ import asyncio
 import email.utils
 import time
 
-from .api import Hit
+from .results import Hit
 
 RETRY_STATUSES = (429, 503)
 CONNECTION_BACKOFF_S = 0.1  # the wait after a failed connection, doubled on each further attempt

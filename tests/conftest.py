@@ -102,10 +102,10 @@ def small_corpus(tmp_path_factory):
 @pytest.fixture(scope="session")
 def nlp():
     """The default spaCy pipeline, loaded once (the same loader LinearRAG uses)."""
-    from linearrag_torch.api import _load_nlp
+    from linearrag_torch.models import load_nlp
     from linearrag_torch.config import IndexConfig
 
-    return _load_nlp(IndexConfig())
+    return load_nlp(IndexConfig())
 
 
 @pytest.fixture(scope="session")
@@ -113,10 +113,10 @@ def encoder():
     """The default encoder (packaged all-MiniLM-L6-v2) on the CPU in float32, loaded once. float32 whatever
     IndexConfig.encoder_precision "auto" picks on this machine: tests compare exact vectors (the small
     index built with it stores encoder_precision float32)."""
-    from linearrag_torch.api import _load_encoder
+    from linearrag_torch.models import load_encoder
     from linearrag_torch.config import IndexConfig
 
-    return _load_encoder(IndexConfig(encoder_precision="float32"), "cpu")
+    return load_encoder(IndexConfig(encoder_precision="float32"), "cpu")
 
 
 @pytest.fixture(scope="session")

@@ -21,10 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def shared_models(nlp, encoder, monkeypatch):
     """In-process runs reuse the session's models (the first run is a real subprocess that loads its own)."""
-    from linearrag_torch import api
+    from linearrag_torch import models
 
-    monkeypatch.setattr(api, "_load_nlp", lambda cfg, *a, **k: nlp)
-    monkeypatch.setattr(api, "_load_encoder", lambda cfg, device, *a, **k: encoder)
+    monkeypatch.setattr(models, "load_nlp", lambda cfg, *a, **k: nlp)
+    monkeypatch.setattr(models, "load_encoder", lambda cfg, device, *a, **k: encoder)
 
 
 def run_in_process(argv, capsys):

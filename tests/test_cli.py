@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from linearrag_torch import LinearRAG, api
+from linearrag_torch import LinearRAG, models
 from linearrag_torch.cli import main
 from linearrag_torch.config import IndexConfig
 
@@ -26,7 +26,7 @@ Q_THUNDER, Q_BORN_FIRST = demo_questions()[0], demo_questions()[17]
 @pytest.fixture(scope="module", autouse=True)
 def shared_models(nlp, encoder):
     """Let the CLI reuse the session's default spaCy pipeline and encoder (other models load for real)."""
-    real_nlp, real_encoder = api._load_nlp, api._load_encoder
+    real_nlp, real_encoder = models.load_nlp, models.load_encoder
     default = IndexConfig()
 
     def load_nlp(cfg):
@@ -37,8 +37,8 @@ def shared_models(nlp, encoder):
         return encoder if same else real_encoder(cfg, device)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(api, "_load_nlp", load_nlp)
-        mp.setattr(api, "_load_encoder", load_encoder)
+        mp.setattr(models, "load_nlp", load_nlp)
+        mp.setattr(models, "load_encoder", load_encoder)
         yield
 
 

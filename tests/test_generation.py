@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("openai")
 
-from linearrag_torch import api  # noqa: E402
+from linearrag_torch import models  # noqa: E402
 from linearrag_torch.cli import main  # noqa: E402
 from linearrag_torch.config import IndexConfig  # noqa: E402
 from linearrag_torch.answers.generation import LLM, Answer, LLMError, ResponseCache, answer_batch, build_messages, judge_batch, parse_answer, parse_verdict
@@ -241,9 +241,9 @@ def test_rag_answer_uses_top_k_passages(chat, small_rag, small_questions):
 @pytest.fixture
 def shared_models(nlp, encoder, monkeypatch):
     default = IndexConfig()
-    real_nlp, real_encoder = api._load_nlp, api._load_encoder
-    monkeypatch.setattr(api, "_load_nlp", lambda cfg: nlp if cfg.spacy_model == default.spacy_model else real_nlp(cfg))
-    monkeypatch.setattr(api, "_load_encoder", lambda cfg, device, *a, **k: encoder if cfg.encoder == default.encoder
+    real_nlp, real_encoder = models.load_nlp, models.load_encoder
+    monkeypatch.setattr(models, "load_nlp", lambda cfg: nlp if cfg.spacy_model == default.spacy_model else real_nlp(cfg))
+    monkeypatch.setattr(models, "load_encoder", lambda cfg, device, *a, **k: encoder if cfg.encoder == default.encoder
                         else real_encoder(cfg, device, *a, **k))
 
 

@@ -97,9 +97,9 @@ def test_needs_exactly_one_source(small_rag):
 
 
 def test_index_dir_source(small_index_dir, small_rag, nlp, encoder, monkeypatch):
-    from linearrag_torch import api
+    from linearrag_torch import models
 
-    monkeypatch.setattr(api, "_load_nlp", lambda cfg, *a, **k: nlp)
-    monkeypatch.setattr(api, "_load_encoder", lambda cfg, device, *a, **k: encoder)
+    monkeypatch.setattr(models, "load_nlp", lambda cfg, *a, **k: nlp)
+    monkeypatch.setattr(models, "load_encoder", lambda cfg, device, *a, **k: encoder)
     r = LinearRAGRetriever(index_dir=str(small_index_dir), device="cpu", top_k=2)
     assert [d.id for d in r.invoke(QS[2])] == [str(h.id) for h in small_rag.search(QS[2], top_k=2)]

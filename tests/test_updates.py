@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from linearrag_torch import InputError, LinearRAG, Passage, api
+from linearrag_torch import InputError, LinearRAG, Passage, models
 from linearrag_torch.indexing.build import add_passages, build_index, delete_passages
 from linearrag_torch.cli import main
 from linearrag_torch.index import (KEY_PARTS, MATRICES, NER_PARTS, PAUSE_ENV, IndexFormatError, IndexLockedError,
@@ -273,8 +273,8 @@ def test_build_is_an_add_to_an_empty_index(nlp, encoder, one_thread):
 @pytest.fixture
 def shared_models(nlp, encoder, monkeypatch):
     """The CLI reuses the session's models (see test_cli.py)."""
-    monkeypatch.setattr(api, "_load_nlp", lambda cfg: nlp)
-    monkeypatch.setattr(api, "_load_encoder", lambda cfg, device: encoder)
+    monkeypatch.setattr(models, "load_nlp", lambda cfg: nlp)
+    monkeypatch.setattr(models, "load_encoder", lambda cfg, device: encoder)
 
 
 def run(capsys, *argv):

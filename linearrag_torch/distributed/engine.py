@@ -505,7 +505,7 @@ class ShardedEngine:
 
     def hits(self, out: Retrieved) -> list:
         """api.LinearRAG.hits for a sharded result (every rank gets the same list)."""
-        from ..api import Hit
+        from ..results import Hit
 
         idx, scores = out.indices.cpu().tolist(), out.scores.cpu().tolist()
         info = self.passages([i for row in idx for i in row if i >= 0])
@@ -551,13 +551,13 @@ class _ZeroRows:
 def encode_questions(qindex: QuestionIndex, questions: list, cfg: RetrievalConfig, nlp=None, encoder=None,
                      device="cpu") -> EncodedQueries:
     """LinearRAG.encode_queries for a sharded index (rank 0 runs it and broadcasts the result)."""
-    from ..api import _load_encoder, _load_nlp
+    from .. import models
     from ..corpus import check_question
     from ..retrieval.pipeline import QuestionPipeline
 
     for q in questions:
         check_question(q)
-    pipe = QuestionPipeline(qindex, nlp or _load_nlp(qindex.index_config),
-                            encoder or _load_encoder(qindex.index_config, device))
+    pipe = QuestionPipeline(qindex, nlp or models.load_nlp(qindex.index_config),
+                            encoder or models.load_encoder(qindex.index_config, device))
     enc = pipe.encode(questions, pipe.entities(questions, cfg.lexicon_seeds), True)
     return EncodedQueries(enc.query_emb, enc.entity_emb, enc.entity_owner, enc.entity_text, enc.entity_rows, None)

@@ -142,7 +142,7 @@ def query_job(comm: Comm, index_dir: str, questions: list, overrides: dict, top_
     engine = ShardedEngine(shard, comm)
     encoder = None
     if comm.rank == 0:
-        from ..api import load_question_encoder
+        from ..models import load_question_encoder
 
         encoder = load_question_encoder(qindex.index_config, dev, quantize, encoder_backend)
     results = []

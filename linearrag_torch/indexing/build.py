@@ -15,18 +15,19 @@ encoding.TextEncoder's three members will do.
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
+from .. import models
 from ..config import IndexConfig, RetrievalConfig
 from ..corpus import Passage, PassageId, check_new_ids
-from .counting import count_occurrences
-from .encoding import Encoder, TextEncoder, append_vectors, embed_texts, resolve_precision
 from ..index import NER_PARTS, NerRecord, TokenKeys, TriGraphIndex, embedding_dtype, passage_text
-from .nlp import analyse_passages, bind_title, load_spacy
+from ..retrieval.pipeline import stage
 from ..retrieval.sparse import Csr
+from .counting import count_occurrences
+from .encoding import TextEncoder, append_vectors, embed_texts, resolve_precision
+from .nlp import analyse_passages, bind_title
 
 
 def build_index(
@@ -51,7 +52,7 @@ def build_index(
     if not passages:
         raise ValueError("cannot build an index of zero passages")
     # the index stores the precision its vectors were made in (the given encoder's, else "auto" resolved
-    # for ``device``), and questions are encoded in it (api._load_encoder)
+    # for ``device``), and questions are encoded in it (models.load_encoder)
     precision = getattr(encoder, "precision", None) or resolve_precision(index_config.encoder_precision, device)
     index_config = dataclasses.replace(index_config, encoder_precision=precision)
     return add_passages(empty_index(index_config, retrieval_config), passages, device=device, progress=progress,
@@ -101,43 +102,42 @@ def add_passages(
         raise ValueError("no passages to add")
     check_new_ids(passages, index.passage_ids)
     device = device if device is not None else index.passage_emb.device
-    clock = _Clock(timings)
     base = index.to("cpu")
     cfg = base.index_config
     texts = [passage_text(p.title, p.text) for p in passages]
-    if analyse is None:
-        if nlp is None:
-            nlp = load_spacy(cfg.spacy_model)
-            clock.lap("load_spacy")
-        analyses = analyse_passages(nlp, texts, cfg.dropped_labels, cfg.ner_batch_size, cfg.n_process, progress)
-    else:
-        analyses = list(analyse(texts))
-    if getattr(cfg, "title_entities", False):
-        analyses = [bind_title(a, p.title) for a, p in zip(analyses, passages)]
-    clock.lap("ner")
+    if analyse is None and nlp is None:
+        with stage(timings, "load_spacy"):
+            nlp = models.load_nlp(cfg)
+    with stage(timings, "ner"):
+        if analyse is None:
+            analyses = analyse_passages(nlp, texts, cfg.dropped_labels, cfg.ner_batch_size, cfg.n_process, progress)
+        else:
+            analyses = list(analyse(texts))
+        if getattr(cfg, "title_entities", False):
+            analyses = [bind_title(a, p.title) for a, p in zip(analyses, passages)]
 
-    g = _Numbering(base.entities, base.sentences)
-    for a in analyses:
-        g.add(a.entities, [(s, ents) for s, ents in zip(a.sentences, a.sentence_entities) if ents])
-    M, PS, C, ner = _graph_matrices(base, g, texts)
-    clock.lap("graph")
-    N = _grow_counts(base, texts, g.entities)
-    clock.lap("counts")
+    with stage(timings, "graph"):
+        g = _Numbering(base.entities, base.sentences)
+        for a in analyses:
+            g.add(a.entities, [(s, ents) for s, ents in zip(a.sentences, a.sentence_entities) if ents])
+        M, PS, C, ner = _graph_matrices(base, g, texts)
+    with stage(timings, "counts"):
+        N = _grow_counts(base, texts, g.entities)
 
     if encoder is None:
-        encoder = Encoder(cfg.encoder, str(device), cfg.max_length, cfg.batch_size, precision=cfg.encoder_precision)
-        clock.lap("load_encoder")
+        with stage(timings, "load_encoder"):
+            encoder = models.load_encoder(cfg, device)
     old_keys = base.keys or TokenKeys(None, None, None)  # None: an index written without them
-    old_texts = [base.passage_text(i) for i in range(base.num_passages)]
-    passage_emb, passage_keys = embed_texts(encoder, texts, old_texts, base.passage_emb, old_keys.passages,
-                                       progress, "embed passages")
-    clock.lap("embed_passages")
-    sentence_emb, sentence_keys = embed_texts(encoder, g.sentences[base.num_sentences:], base.sentences,
-                                         base.sentence_emb, old_keys.sentences, progress, "embed sentences")
-    clock.lap("embed_sentences")
-    entity_emb, entity_keys = embed_texts(encoder, g.entities[base.num_entities:], base.entities, base.entity_emb,
-                                     old_keys.entities, progress, "embed entities")
-    clock.lap("embed_entities")
+    with stage(timings, "embed_passages"):
+        old_texts = [base.passage_text(i) for i in range(base.num_passages)]
+        passage_emb, passage_keys = embed_texts(encoder, texts, old_texts, base.passage_emb, old_keys.passages,
+                                                progress, "embed passages")
+    with stage(timings, "embed_sentences"):
+        sentence_emb, sentence_keys = embed_texts(encoder, g.sentences[base.num_sentences:], base.sentences,
+                                                  base.sentence_emb, old_keys.sentences, progress, "embed sentences")
+    with stage(timings, "embed_entities"):
+        entity_emb, entity_keys = embed_texts(encoder, g.entities[base.num_entities:], base.entities,
+                                              base.entity_emb, old_keys.entities, progress, "embed entities")
 
     out = TriGraphIndex(
         passage_ids=base.passage_ids + [p.id for p in passages],
@@ -315,21 +315,3 @@ def contain_weights(texts: Sequence[str], passage_entity_rows: Sequence[list], e
         total = sum(counts)
         values.append([c / total for c in counts] if total else [0.0] * len(row))
     return Csr.from_rows(passage_entity_rows, len(entities), values)
-
-
-def lower_counts(texts: Sequence[str], entities: Sequence[str]) -> Csr:
-    """N[p, e] = text_p.lower().count(e.lower()) over every passage and entity (eq. 7)."""
-    rows, cols, counts = count_occurrences([e.lower() for e in entities], [t.lower() for t in texts])
-    return Csr.from_coo(rows, cols, counts.to(torch.float32), (len(texts), len(entities)))
-
-
-class _Clock:
-    def __init__(self, timings: Optional[dict]):
-        self.timings = timings
-        self.t = time.perf_counter()
-
-    def lap(self, stage: str) -> None:
-        now = time.perf_counter()
-        if self.timings is not None:
-            self.timings[stage] = self.timings.get(stage, 0.0) + now - self.t
-        self.t = now

@@ -276,7 +276,7 @@ def ray_analyse(ray, cfg: IndexConfig, ner_actors: int, progress: bool = True):
 
 # ---------------------------------------------------------------------------------------------- encoding
 class _EncodeActor:
-    """The index's encoder loaded once (api._load_encoder, as the local build loads it); each row is one
+    """The index's encoder loaded once (models.load_encoder, as the local build loads it); each row is one
     forward pass (JSON list of token id lists, Encoder._encode_pass), answered with its float32 vectors as bytes."""
 
     def __init__(self):
@@ -284,11 +284,11 @@ class _EncodeActor:
 
     @staticmethod
     def _load(setup: dict):
-        from ..api import _load_encoder
+        from .. import models
 
         if setup["device"] == "cpu":
             torch.set_num_threads(max(1, int(setup["threads"])))
-        return _load_encoder(IndexConfig.from_dict(setup["cfg"]), setup["device"])
+        return models.load_encoder(IndexConfig.from_dict(setup["cfg"]), setup["device"])
 
     def __call__(self, batch: dict) -> dict:
         import numpy as np
@@ -336,13 +336,13 @@ class RayEncoder:
     def __init__(self, ray, cfg: IndexConfig, plan: _Plan, precision: Optional[str] = None, local=None):
         """``precision``: the resolved IndexConfig.encoder_precision of the actors; ``local``: the driver's
         encoder (default: loaded from ``cfg`` on the CPU)."""
-        from ..api import _load_encoder
+        from .. import models
 
         self.ray = ray
         self.plan = plan
         self.cfg = _with_precision(cfg, precision)
         self.precision = precision
-        self.local = local if local is not None else _load_encoder(self.cfg, "cpu")
+        self.local = local if local is not None else models.load_encoder(self.cfg, "cpu")
 
     @property
     def dim(self) -> int:
@@ -423,13 +423,14 @@ def build(corpus, index_config: Optional[IndexConfig] = None, config: Optional[R
     ``corpus``: a JSONL path or a list of Passage / dicts, as for LinearRAG.build. ``device``: where the
     returned LinearRAG answers questions (the index itself is assembled on the CPU). ``timings``: if
     given, receives the seconds of "connect" (Ray and the driver's tokenizer) and of build_index's stages."""
-    from ..api import LinearRAG, _is_path, _read_passages, resolve_device
+    from ..api import LinearRAG, resolve_device
+    from ..models import is_path, read_passages
     from .build import build_index
     from ..corpus import check_new_ids
 
     dev = resolve_device(device)
-    passages = _read_passages(corpus)
-    check_new_ids(passages, (), source=corpus if _is_path(corpus) else None)
+    passages = read_passages(corpus)
+    check_new_ids(passages, (), source=corpus if is_path(corpus) else None)
     index_config = index_config or IndexConfig()
     t0 = time.perf_counter()
     session = _Session(options, progress)
@@ -444,12 +445,12 @@ def build(corpus, index_config: Optional[IndexConfig] = None, config: Optional[R
 def add(rag, corpus, options: Optional[RayOptions] = None, progress: bool = True, timings: Optional[dict] = None):
     """rag.add(corpus) with NER and encoding on a Ray cluster; returns ``rag`` (call rag.save() to write).
     ``timings``: as for build()."""
-    from ..api import _is_path, _read_passages
+    from ..models import is_path, read_passages
     from .build import add_passages
     from ..corpus import check_new_ids
 
-    passages = _read_passages(corpus, first_id=rag.index.num_passages)
-    check_new_ids(passages, rag.index.passage_ids, source=corpus if _is_path(corpus) else None)
+    passages = read_passages(corpus, first_id=rag.index.num_passages)
+    check_new_ids(passages, rag.index.passage_ids, source=corpus if is_path(corpus) else None)
     cfg = rag.index.index_config
     t0 = time.perf_counter()
     session = _Session(options, progress)

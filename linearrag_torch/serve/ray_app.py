@@ -277,7 +277,7 @@ def _ingress_service_class():
     from ray.exceptions import RayActorError
     from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
-    from ..api import Hit
+    from ..results import Hit
     from .service import HTTPError, LinearRAGService, ReloadRefused
 
     class RemoteEngineService(LinearRAGService):
