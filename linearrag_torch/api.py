@@ -21,6 +21,13 @@ BACKENDS = ("torch", "scipy")
 QUESTION_ENCODERS = (None, "bfloat16", "int8", "int8-all")  # LinearRAG(quantize=...)
 
 
+def _rerank_rows(rr, b: int, index, n: int) -> list[dict]:
+    """explain's per-hit rerank detail of question ``b`` (its first ``n`` hits that were reranked)."""
+    cols = [t[b].tolist() for t in (rr.indices, rr.scores, rr.logits, rr.graph_scores, rr.graph_ranks)]
+    return [{"id": index.passage_ids[i], "fused_score": s, "reranker_logit": lg, "graph_score": g, "graph_rank": r + 1}
+            for i, s, lg, g, r in list(zip(*cols))[:n] if i >= 0]
+
+
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """"auto" -> CUDA when present, else CPU; anything else is passed to torch.device."""
     if str(device) == "auto":
@@ -209,24 +216,46 @@ class LinearRAG:
         (linearrag_torch.retrieval.pipeline)."""
         for q in questions:
             check_question(q)
+        cfg = config or self.config
         pipe = self.pipeline
-        ents = pipe.entities(questions, (config or self.config).lexicon_seeds, timings)
+        ents = pipe.entities(questions, cfg.lexicon_seeds, timings)
         reuse = self.reuse_index_vectors if reuse_index_vectors is None else reuse_index_vectors
-        return pipe.encode(questions, ents, reuse, timings)
+        enc = pipe.encode(questions, ents, reuse, timings)
+        if cfg.rerank:  # the reranker's question tokens (host work of the question path, like NER)
+            from .retrieval.pipeline import stage
+
+            with stage(timings, "encoder"):
+                enc.rerank_tokens = self.reranker(cfg).question_tokens(list(questions))
+        return enc
+
+    def reranker(self, config: RetrievalConfig | None = None):
+        """The learned reranker (rerank.Reranker) that ``config`` (default: this index's settings) names,
+        loaded once on this index's device. A missing or damaged folder raises RerankerLoadError naming it."""
+        return self.graph.reranker((config or self.config).reranker)
 
     def retrieve(self, queries: EncodedQueries, config: RetrievalConfig | None = None, backend: str = "torch", *,
                  timings: dict | None = None) -> Retrieved:
         """Rank passages for encoded questions with the torch engine or the scipy reference
-        (``timings``: seconds added to timings["graph"])."""
+        (``timings``: seconds added to timings["graph"], and with cfg.rerank to timings["rerank"]).
+        With cfg.rerank the graph's first cfg.rerank_candidates are reordered by the learned reranker on
+        this index's device, whichever backend ranked them (retrieval/rerank_stage.py)."""
+        from .retrieval import rerank_stage
         from .retrieval.pipeline import stage
 
         cfg = config or self.config
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        graph_cfg = rerank_stage.graph_config(cfg) if cfg.rerank else cfg
         with stage(timings, "graph"):
             if backend == "torch":
-                return engine.retrieve(self.graph, queries, cfg)
-            return scipy_backend.retrieve(self.index, queries.to("cpu"), cfg)
+                out = engine.retrieve(self.graph, queries, graph_cfg)
+            else:
+                out = scipy_backend.retrieve(self.index, queries.to("cpu"), graph_cfg)
+        if not cfg.rerank:
+            return out
+        reranker = self.reranker(cfg)
+        with stage(timings, "rerank"):
+            return rerank_stage.apply(reranker, self.graph.rerank_passages(reranker), queries, out, cfg)[0]
 
     def search(self, questions, top_k: int | None = None, backend: str = "torch", *, timings: dict | None = None,
                **overrides) -> list[list[Hit]]:
@@ -291,6 +320,8 @@ class LinearRAG:
                 "chain_seeds": tr.chain_seeds[b] if getattr(tr, "chain_seeds", None) is not None else [],
                 # (i, j): the first two hits were ranked i and j before the pair rerank (pairs.py)
                 "pair_ranks": tr.pair_ranks[b] if getattr(tr, "pair_ranks", None) is not None else None,
+                # with rerank: per reranked hit its fused score, the reranker's logit, the graph's score and rank
+                "rerank": _rerank_rows(tr.rerank, b, self.index, len(hits[b])) if tr.rerank is not None else None,
                 "hits": [
                     (h, [(names[e], int(tier[e, b]), float(act[e, b])) for e in active if e in passage_ents[h.row]])
                     for h in hits[b]

@@ -175,6 +175,9 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--questions", type=int, default=5, help="how many bundled questions to answer (default %(default)s)")
     d.add_argument("--cache", default=None, help="where to keep the demo index (default: ~/.cache/linearrag_torch)")
     _device_arg(d)
+    from .rerank.options import add_parser as add_train_reranker
+
+    add_train_reranker(sub)
     return top
 
 
@@ -407,6 +410,12 @@ def cmd_demo(args) -> int:
     return run_demo(args)
 
 
+def cmd_train_reranker(args) -> int:
+    from .rerank.options import run
+
+    return run(args)
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -416,13 +425,15 @@ def main(argv=None) -> int:
 
     keep_freed_memory()  # this process is ours: reuse freed memory instead of faulting it in again
     from .index import IndexFormatError
+    from .rerank.model import RerankerLoadError
 
     try:
         commands = {"index": cmd_index, "add": cmd_add, "delete": cmd_delete, "query": cmd_query, "demo": cmd_demo,
                     "serve": cmd_serve, "convert": cmd_convert}
         commands["answer"] = cmd_answer
+        commands["train-reranker"] = cmd_train_reranker
         return commands[args.command](args)
-    except (InputError, IndexFormatError, ValueError, FileNotFoundError, OSError) as exc:
+    except (InputError, IndexFormatError, RerankerLoadError, ValueError, FileNotFoundError, OSError) as exc:
         print(f"linearrag {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -67,6 +67,13 @@ class RetrievalConfig:
     pair_rank_weight: float = _f(0.1, "pair score: weight of the two passages' scores (each a share of the top one)")
     pair_link_weight: float = _f(0.1, "pair score: bonus when the two passages share a rare entity")
     pair_link_max_passages: int = _f(50, "an entity links a pair when it occurs in at most this many passages")
+    # the learned reranker (rerank/; retrieval/rerank_stage.py; docs/QUALITY.md, "The learned reranker")
+    rerank: bool = _f(False, "rescore the graph's top candidates with the learned cross-encoder and order them by "
+                             "its score fused with the graph's")
+    rerank_candidates: int = _f(10, "graph candidates the reranker rescores per question (hits after them keep the "
+                                          "graph's order)")
+    reranker: str = _f("", "reranker folder from `linearrag train-reranker` (empty: the model shipped with the "
+                           "package)")
 
     @classmethod
     def reference_code(cls, **changes) -> "RetrievalConfig":
@@ -97,6 +104,8 @@ class RetrievalConfig:
                 or self.pair_link_max_passages < 1:
             raise ValueError("pair_candidates, pair_rank_weight and pair_link_weight must be >= 0, "
                              "pair_link_max_passages >= 1")
+        if self.rerank_candidates < 1:
+            raise ValueError(f"rerank_candidates must be >= 1, got {self.rerank_candidates}")
         if not -1.0 <= self.chain_prior_floor <= 1.0:
             raise ValueError(f"chain_prior_floor must be in [-1, 1] (a cosine), got {self.chain_prior_floor}")
 

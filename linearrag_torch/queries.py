@@ -47,6 +47,8 @@ class EncodedQueries:
                   valid for the index ``rows_of`` only (the engine compares it by identity)
     prior         PassagePrior or None: the dense prior of a chain's later round (chain.py), for the
                   passages of the index (or shard) it was made for
+    rerank_tokens rerank.scoring.QuestionTokens or None: the questions' token ids for the reranker
+                  (set by LinearRAG.encode_queries when its config has rerank)
     """
 
     query_emb: torch.Tensor
@@ -56,6 +58,7 @@ class EncodedQueries:
     entity_rows: Optional[torch.Tensor] = None
     rows_of: object = field(default=None, repr=False, compare=False)
     prior: Optional[PassagePrior] = field(default=None, repr=False, compare=False)
+    rerank_tokens: object = field(default=None, repr=False, compare=False)
 
     @property
     def batch_size(self) -> int:
@@ -75,6 +78,8 @@ class EncodedQueries:
             self.entity_emb.index_select(0, keep.to(self.entity_emb.device)), owner[keep],
             [self.entity_text[i] for i in keep.tolist()] if self.entity_text else [],
             prior=None if self.prior is None else self.prior.select(new),
+            rerank_tokens=None if self.rerank_tokens is None else self.rerank_tokens.select(
+                torch.tensor(rows, dtype=torch.int64)),
         )
 
     def slice(self, start: int, stop: int) -> "EncodedQueries":
@@ -86,6 +91,7 @@ class EncodedQueries:
             self.query_emb.to(device), self.entity_emb.to(device), self.entity_owner.to(device), self.entity_text,
             None if self.entity_rows is None else self.entity_rows.to(device), self.rows_of,
             None if self.prior is None else self.prior.to(device),
+            None if self.rerank_tokens is None else self.rerank_tokens.to(device),
         )
 
 

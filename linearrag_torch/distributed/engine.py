@@ -38,6 +38,9 @@ class ShardedEngine:
         if cfg.adjacent_passages:
             raise ValueError("adjacent_passages is not supported by the sharded engine (it links passages "
                              "across shard boundaries); query the index in one process")
+        if cfg.rerank:
+            raise ValueError("rerank is not supported by the sharded engine yet; query the index in one process "
+                             "(LinearRAG, `linearrag query`, `linearrag serve`)")
         queries = self._stored_vectors(queries.to(self.shard.device))
         if pairs.enabled(cfg):
             return self._pairs(queries, self._ranked(queries, pairs.deeper(cfg)), cfg).head(cfg.top_k)

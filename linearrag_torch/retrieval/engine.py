@@ -113,6 +113,21 @@ class DeviceGraph:
         self._pair_C = None  # (C crow, C col, passages per entity, {max passages: linking entities}): pairs.rerank
         self._last_cosines = None  # (questions, their passage cosines): see passage_cosines
         self._keep = False
+        self._rerankers = {}  # folder ("" = the packaged model) -> rerank.Reranker on this device
+
+    def reranker(self, folder: str = ""):
+        """The learned reranker (rerank.Reranker) from ``folder`` ("" = the one shipped with the package),
+        loaded once on this graph's device."""
+        got = self._rerankers.get(folder)
+        if got is None:
+            from ..rerank import Reranker
+
+            got = self._rerankers[folder] = Reranker.load(folder or None, self.device)
+        return got
+
+    def rerank_passages(self, reranker):
+        """This index's passages tokenised for ``reranker`` (once per index and reranker)."""
+        return reranker.passage_tokens(self.index)
 
     @contextmanager
     def keeping_last(self, keep: bool = True):
@@ -223,6 +238,7 @@ class Trace:
     dense: torch.Tensor  # [B] bool: answered by dense retrieval
     chain_seeds: list | None = None  # per question [(entity, seed score)] of the later rounds (chain.py)
     pair_ranks: list | None = None  # per question the ranks (1-based) before the pair rerank of its first two hits
+    rerank: object = None  # rerank.Reranked of the rerank stage (rerank_stage.py), None without it
 
 
 def activate_pairs(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig):
@@ -284,12 +300,22 @@ def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, 
 
     The batch runs in chunks of graph.questions_per_chunk(memory_budget, cfg) questions.
     With cfg.chain_passages > 0 in reference mode, 1 + cfg.chain_rounds rounds (chain.py); with
-    cfg.pair_candidates >= 2 in reference mode, the first two places hold the best pair (pairs.py).
+    cfg.pair_candidates >= 2 in reference mode, the first two places hold the best pair (pairs.py); with
+    cfg.rerank, the learned reranker reorders the first cfg.rerank_candidates (rerank_stage.py).
     Runs under torch.inference_mode and returns ordinary tensors (in_inference_mode).
     """
-    from . import pairs
+    from . import pairs, rerank_stage
     from .chain import chain_retrieve, enabled as chain_enabled
 
+    if rerank_stage.enabled(cfg):
+        res = retrieve(graph, queries, rerank_stage.graph_config(cfg), trace, memory_budget)
+        before, tr = res if trace else (res, None)
+        reranker = graph.reranker(cfg.reranker)
+        out, rr = rerank_stage.apply(reranker, graph.rerank_passages(reranker), queries, before, cfg)
+        if not trace:
+            return out
+        tr.rerank = rr
+        return out, tr
     if pairs.enabled(cfg):
         res = retrieve(graph, queries, pairs.deeper(cfg), trace, memory_budget)
         before, tr = res if trace else (res, None)

@@ -25,6 +25,9 @@ class Metrics:
                                     registry=r, buckets=BATCH_BUCKETS)
         self.engine_seconds = Histogram("engine_seconds", "Time of one engine call (NER, encoder, graph)",
                                         namespace=namespace, registry=r, buckets=LATENCY_BUCKETS)
+        self.stage_seconds = Histogram("stage_seconds", "Time of one stage of an engine call (ner, lexicon, encoder, "
+                                       "graph, rerank)", ["stage"], namespace=namespace, registry=r,
+                                       buckets=LATENCY_BUCKETS)
         self.in_flight = Gauge("in_flight_requests", "Requests being answered now", namespace=namespace, registry=r)
         self.queued = Gauge("queued_questions", "Questions waiting for a batch", namespace=namespace, registry=r)
         self.questions = Counter("questions_total", "Questions answered", namespace=namespace, registry=r)
@@ -45,6 +48,11 @@ class Metrics:
             self.queue_seconds.observe(w)
         if stats.error is None:
             self.questions.inc(stats.size)
+
+    def on_stages(self, timings: dict) -> None:
+        """Seconds of each stage of one engine call (LinearRAG.search's ``timings``; thread-safe)."""
+        for stage, seconds in timings.items():
+            self.stage_seconds.labels(stage).observe(seconds)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -39,7 +39,9 @@ WARMUP_QUESTION = "Who directed the film and where was the director born?"
 # upper bounds a client may set for the settings that multiply the engine's work
 SETTING_BOUNDS = {"max_iterations": (1, 16), "top_k_sentence": (1, 64), "ppr_max_iter": (1, 1000),
                   "chain_passages": (0, 16), "chain_sentences": (1, 16), "chain_keep": (0, 16), "chain_rounds": (1, 4),
-                  "pair_candidates": (0, 16)}
+                  "pair_candidates": (0, 16), "rerank_candidates": (1, 50)}
+# settings only the operator chooses (`linearrag serve --reranker DIR`): a request may not name a folder to load
+SERVER_ONLY_SETTINGS = ("reranker",)
 
 
 class ReloadRefused(Exception):
@@ -69,7 +71,7 @@ def search_request_model(s: ServeSettings) -> type[BaseModel]:
     Question = Annotated[str, Field(min_length=1, max_length=s.max_question_chars)]
     settings = {}
     for f in fields(RetrievalConfig):
-        if f.name == "top_k":
+        if f.name == "top_k" or f.name in SERVER_ONLY_SETTINGS:
             continue
         typ = type(f.default)
         if f.name == "mode":
@@ -263,17 +265,26 @@ class LinearRAGService:
             rag.start_ner_processes(self.settings.ner_processes, caller_part=False)
             self._started_ner_processes = True
 
-    @staticmethod
-    def _warm(rag) -> None:
-        """Load the models and build the PageRank operator before the first request (engine thread)."""
-        rag.search([WARMUP_QUESTION])
+    def _defaults(self) -> dict:
+        """The operator's retrieval settings (--rerank, --reranker) under every request's own."""
+        d = {"rerank": True} if self.settings.rerank else {}
+        if self.settings.reranker:
+            d["reranker"] = self.settings.reranker
+        return d
+
+    def _warm(self, rag) -> None:
+        """Load the models (the reranker too when it is on) and build the PageRank operator before the first
+        request (engine thread)."""
+        rag.search([WARMUP_QUESTION], **self._defaults())
 
     def _run_batch(self, key, questions: list) -> list:
         """Engine thread: one search for the batch at the largest top_k asked; each question keeps its own k
         (the engine's top-k is a prefix: ties go to the lower row whatever k is)."""
-        overrides = dict(key)
+        overrides = {**self._defaults(), **dict(key)}
         k = max(q[1] for q in questions)
-        hits = self.rag.search([q[0] for q in questions], top_k=k, **overrides)
+        timings = {}
+        hits = self.rag.search([q[0] for q in questions], top_k=k, timings=timings, **overrides)
+        self.metrics.on_stages(timings)
         return [h[:kq] for h, (_, kq) in zip(hits, questions)]
 
     def _swap(self, rag) -> None:

@@ -52,6 +52,10 @@ class ServeSettings:
     ner_processes: int = _f(0, "run the questions' spaCy NER in this many worker processes (a batch of 16 or more "
                                "questions is split over them; ~340 MB each): for cores that idle while NER runs, "
                                "as on a GPU server (0: NER on the engine thread)")
+    rerank: bool = _f(False, "answer with the learned reranker unless a request sets rerank false (default: the "
+                             "index's setting, off unless it was built with --rerank)")
+    reranker: str | None = _f(None, "reranker folder from `linearrag train-reranker` (default: the model shipped with "
+                                    "the package); requests cannot choose a folder", type=str)
     graceful_timeout: float = _f(30.0, "on SIGTERM, seconds to let requests in flight finish")
     log_level: str = _f("info", "uvicorn log level", choices=("critical", "error", "warning", "info", "debug"))
 

@@ -1,0 +1,105 @@
+"""The settings of `linearrag train-reranker` and its command line (no torch import: `linearrag --help` stays fast)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 2
+    seed: int = 0
+    lr: float = 3e-5
+    head_lr: float = 1e-3
+    warmup: float = 0.1
+    questions_per_step: int = 4
+    negatives: int = 6  # per question and step
+    hard_share: float = 0.67  # of the negatives, from the engine's mistakes when there are any
+    max_length: int = 96
+    question_tokens: int = 32
+    heldout: float = 0.1  # share of the questions kept out of training to fit the fused score
+    candidates: int = 10  # the engine's top candidates mined per question (and reranked at fit time)
+    mine_share: float = 1.0  # share of the training questions whose paragraphs enter the mining index
+    checkpoint_every: int = 50
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.questions_per_step < 1 or self.negatives < 1 or self.candidates < 1:
+            raise ValueError("epochs, questions_per_step, negatives and candidates must be >= 1")
+        if self.max_length < self.question_tokens + 5:
+            raise ValueError(f"max_length ({self.max_length}) must leave room for the question ({self.question_tokens} "
+                             "tokens), a passage and 3 special tokens and one padding: at least question_tokens + 5")
+        if not 0.0 <= self.mine_share <= 1.0 or not 0.0 < self.heldout < 1.0 or not 0.0 <= self.hard_share <= 1.0:
+            raise ValueError("mine_share and hard_share must be in [0, 1], heldout in (0, 1)")
+
+
+# ----------------------------------------------------------------------------------------- command line
+def add_parser(sub) -> None:
+    """`linearrag train-reranker` on the CLI's subparsers."""
+    d = TrainConfig()
+    p = sub.add_parser(
+        "train-reranker", help="train the cross-encoder reranker on questions with their paragraphs",
+        description="Train the reranker that `--rerank` uses: a cross-encoder (question and passage read together) "
+                    "initialised from the packaged all-MiniLM-L6-v2. TRAIN.jsonl holds one question a line: "
+                    '"question" and "paragraphs", a list of {"title", "text", "supporting"} (the format of '
+                    "datasets/train_multihop). Negatives: each question's other paragraphs and the engine's own "
+                    "top-ranked wrong passages over an index of the file's paragraphs (mining). Writes OUT/model "
+                    "(load it with --reranker OUT/model); a checkpoint in OUT lets an interrupted run restart.")
+    p.add_argument("--train", required=True, metavar="TRAIN.jsonl", help="training questions with their paragraphs")
+    p.add_argument("--out", required=True, metavar="OUT", help="output folder (the model goes to OUT/model)")
+    p.add_argument("--init", metavar="DIR", default=None,
+                   help="a BERT folder to start from (default: the packaged all-MiniLM-L6-v2)")
+    p.add_argument("--epochs", type=int, default=d.epochs, help=f"passes over the training questions (default {d.epochs})")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"seed of the split, the order and the sampling (default {d.seed})")
+    p.add_argument("--lr", type=float, default=d.lr, help=f"encoder learning rate (default {d.lr})")
+    p.add_argument("--negatives", type=int, default=d.negatives,
+                   help=f"negatives per question and step (default {d.negatives})")
+    p.add_argument("--questions-per-step", type=int, default=d.questions_per_step,
+                   help=f"questions per optimiser step (default {d.questions_per_step})")
+    p.add_argument("--max-length", type=int, default=d.max_length,
+                   help=f"tokens of a (question, passage) pair (default {d.max_length})")
+    p.add_argument("--question-tokens", type=int, default=d.question_tokens,
+                   help=f"the question's share of a pair at most (default {d.question_tokens})")
+    p.add_argument("--mine-share", type=float, default=d.mine_share,
+                   help="share of the training questions whose paragraphs enter the mining index and that get the "
+                        "engine's mistakes as negatives (held-out questions always do; 0: held-out only) "
+                        f"(default {d.mine_share})")
+    p.add_argument("--mine-index", metavar="DIR", default=None,
+                   help="the mining index folder: loaded when it holds an index, else built there (default OUT/mining_index)")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N questions (a quick trial)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N (default auto)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
+    p.add_argument("--float32", action="store_true", help="store the weights in float32 (default float16, half the size)")
+    p.add_argument("--no-resume", action="store_true", help="start over even when OUT holds a checkpoint of this run")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def run(args) -> int:
+    import sys
+
+    from ..api import resolve_device
+    from .train import mine, mining_questions, read_training_file, train
+
+    cfg = TrainConfig(epochs=args.epochs, seed=args.seed, lr=args.lr, negatives=args.negatives,
+                      questions_per_step=args.questions_per_step, max_length=args.max_length,
+                      question_tokens=args.question_tokens,
+                      mine_share=args.mine_share, threads=args.threads)
+    questions, passages = read_training_file(args.train)
+    if args.limit:
+        questions = questions[:args.limit]
+        keep = {k for q in questions for k in q.positives + q.negatives}
+        passages = {k: v for k, v in passages.items() if k in keep}
+    device = resolve_device(args.device)
+    out = Path(args.out)
+    mined = [questions[i] for i in mining_questions(len(questions), cfg)]
+    mine_keys = list(dict.fromkeys(k for q in mined for k in q.positives + q.negatives))
+    print(f"{len(questions)} questions, {len(passages)} paragraphs; mining over the {len(mine_keys)} paragraphs of "
+          f"{len(mined)} questions", file=sys.stderr)
+    mine(mined, {k: passages[k] for k in mine_keys}, Path(args.mine_index) if args.mine_index else out / "mining_index",
+         cfg.candidates, progress=not args.quiet, device=device)
+    facts = train(questions, passages, out, cfg, init=args.init, device=device, progress=not args.quiet,
+                  resume=not args.no_resume, half=not args.float32, log=lambda m: print(m, file=sys.stderr))
+    print(json.dumps({"model": str(out / "model"), "train_seconds": facts["train_seconds"], "steps": facts["steps"],
+                      "fusion": facts["fusion"]}, indent=2))
+    return 0

@@ -1,0 +1,173 @@
+"""Rescoring the graph's top candidates with the cross-encoder, batched on the engine's device.
+
+``Reranker.rerank`` takes the graph's ranking of a batch (``Retrieved``, best first) and the questions'
+token ids, builds every (question, candidate) pair on the device (``pair_inputs``: gathers, no host
+copy), scores them in passes of at most ``tokens_per_pass`` tokens, fuses each logit with the graph's
+rank and score (RerankerSettings) and sorts each question's candidates by the fused score (stable: ties
+keep the graph's order). Every pair has the same length, so a question's result does not depend on the
+other questions of its batch.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from .model import RerankerSettings, load_model
+
+
+@dataclass
+class PassageTokens:
+    """Every passage's token ids (title, newline, text; no special tokens), cut to ``ids.shape[1]`` tokens."""
+
+    ids: torch.Tensor  # [P, Lp] int64, 0-padded
+    lengths: torch.Tensor  # [P] int64
+
+
+class QuestionTokens(NamedTuple):
+    """The questions' token ids with [CLS] and [SEP] (cut to RerankerSettings.question_tokens)."""
+
+    ids: torch.Tensor  # [B, Lq] int64, 0-padded
+    lengths: torch.Tensor  # [B] int64
+
+    def select(self, rows: torch.Tensor) -> "QuestionTokens":
+        return QuestionTokens(self.ids.index_select(0, rows.to(self.ids.device)),
+                              self.lengths.index_select(0, rows.to(self.lengths.device)))
+
+    def to(self, device) -> "QuestionTokens":
+        return QuestionTokens(self.ids.to(device), self.lengths.to(device))
+
+
+class Reranked(NamedTuple):
+    """The candidates of each question in the fused order: passage rows, fused scores, and for each the
+    cross-encoder's logit and the graph's score and rank (0-based) it came with."""
+
+    indices: torch.Tensor  # [B, K] int64
+    scores: torch.Tensor  # [B, K] float32 (fused)
+    logits: torch.Tensor  # [B, K] float32
+    graph_scores: torch.Tensor  # [B, K] float32
+    graph_ranks: torch.Tensor  # [B, K] int64
+
+
+def pair_inputs(q: QuestionTokens, p: PassageTokens, q_of_pair: torch.Tensor, passage_of_pair: torch.Tensor,
+                length: int, sep_id: int, pad_id: int = 0):
+    """input_ids, attention_mask, token_type_ids [n, length] of n pairs ``[CLS] question [SEP] passage [SEP]``
+    (the passage cut to fit, then padding), built on the tensors' device without a host copy. The last
+    position is always padding: a pass whose mask were all ones would take another attention kernel
+    (transformers drops such a mask), and a pair's score would then depend on the pairs beside it."""
+    n = q_of_pair.numel()
+    dev = q.ids.device
+    pos = torch.arange(length, device=dev).expand(n, length)
+    ql = q.lengths.index_select(0, q_of_pair).unsqueeze(1)
+    pl = p.lengths.index_select(0, passage_of_pair).unsqueeze(1)
+    end = torch.minimum(ql + pl, torch.full_like(ql, length - 2))  # where the closing [SEP] goes
+    q_part = q.ids.index_select(0, q_of_pair).gather(1, pos.clamp(max=q.ids.shape[1] - 1))
+    p_part = p.ids.index_select(0, passage_of_pair).gather(1, (pos - ql).clamp(0, p.ids.shape[1] - 1))
+    ids = torch.where(pos < ql, q_part, p_part)
+    ids = torch.where(pos == end, torch.full_like(ids, sep_id), ids)
+    valid = pos <= end
+    ids = torch.where(valid, ids, torch.full_like(ids, pad_id))
+    return ids, valid.to(torch.int64), ((pos >= ql) & valid).to(torch.int64)
+
+
+def fuse(settings: RerankerSettings, logits: torch.Tensor, graph_scores: torch.Tensor) -> torch.Tensor:
+    """The fused score of each candidate (columns in graph order): RerankerSettings' formula."""
+    K = logits.shape[1]
+    ranks = torch.arange(K, device=logits.device, dtype=logits.dtype).expand_as(logits)
+    top = graph_scores[:, :1]
+    ratio = torch.where(top > 0, graph_scores / top.clamp(min=1e-30), torch.zeros_like(graph_scores))
+    return (settings.w_model * logits + settings.w_rank * torch.log1p(ranks)
+            + settings.w_score * torch.log(ratio.clamp(min=1e-6, max=1.0)))
+
+
+class Reranker:
+    """A loaded cross-encoder on a device: ``rerank`` for the engine's batches, ``predict`` for pairs of text.
+
+    ``tokens_per_pass``: most tokens of one forward pass (default 4,096 on a CPU, 65,536 on a GPU).
+    """
+
+    def __init__(self, model, tokenizer, settings: RerankerSettings, device="cpu", tokens_per_pass: int | None = None,
+                 folder=None):
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.folder = folder
+        self.tokens_per_pass = tokens_per_pass or (65536 if self.device.type == "cuda" else 4096)
+        self._passages = {}  # id(index) -> (weak reference to the index, its PassageTokens)
+
+    @classmethod
+    def load(cls, folder=None, device="cpu", tokens_per_pass: int | None = None) -> "Reranker":
+        """From a reranker folder (default: the one shipped with the package); see model.load_model."""
+        model, tok, settings = load_model(folder)
+        return cls(model, tok, settings, device, tokens_per_pass, folder)
+
+    # ----------------------------------------------------------------- tokens
+    def question_tokens(self, questions: list[str]) -> QuestionTokens:
+        enc = self.tokenizer(list(questions), truncation=True, max_length=self.settings.question_tokens,
+                             padding=True, return_tensors="pt")
+        ids = enc["input_ids"].to(torch.int64)
+        return QuestionTokens(ids.to(self.device), enc["attention_mask"].sum(1).to(self.device))
+
+    def passage_tokens(self, index) -> PassageTokens:
+        """Every passage of ``index`` tokenised once (cached while the index object lives)."""
+        ref, got = self._passages.get(id(index), (None, None))
+        if ref is None or ref() is not index:
+            got = self.tokenize_passages([index.passage_text(i) for i in range(index.num_passages)])
+            self._passages = {k: v for k, v in self._passages.items() if v[0]() is not None}  # drop dead indexes
+            self._passages[id(index)] = (weakref.ref(index), got)
+        return got
+
+    def tokenize_passages(self, texts: list[str]) -> PassageTokens:
+        cap = self.settings.max_length - 4  # a pair has [CLS] [SEP] before, [SEP] and one padding after the passage
+        rows = self.tokenizer(texts, add_special_tokens=False, truncation=True, max_length=cap)["input_ids"] \
+            if texts else []
+        ids = torch.zeros(len(rows), cap, dtype=torch.int64)
+        lengths = torch.zeros(len(rows), dtype=torch.int64)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)] = torch.tensor(r, dtype=torch.int64)
+            lengths[i] = len(r)
+        return PassageTokens(ids.to(self.device), lengths.to(self.device))
+
+    # ----------------------------------------------------------------- scoring
+    @torch.inference_mode()
+    def pair_logits(self, q: QuestionTokens, p: PassageTokens, q_of_pair: torch.Tensor,
+                    passage_of_pair: torch.Tensor) -> torch.Tensor:
+        """The cross-encoder's logit of each (question, passage) pair, in passes of at most tokens_per_pass."""
+        L = self.settings.max_length
+        n = q_of_pair.numel()
+        per_pass = max(1, self.tokens_per_pass // L)
+        out = torch.empty(n, dtype=torch.float32, device=self.device)
+        sep = self.tokenizer.sep_token_id
+        for s in range(0, n, per_pass):  # passes of a batch (sizes from shapes: no host copy)
+            ids, mask, types = pair_inputs(q, p, q_of_pair[s:s + per_pass], passage_of_pair[s:s + per_pass], L, sep,
+                                           self.tokenizer.pad_token_id or 0)
+            out[s:s + per_pass] = self.model(ids, mask, types).float()
+        return out
+
+    def rerank(self, q: QuestionTokens, p: PassageTokens, indices: torch.Tensor, scores: torch.Tensor) -> Reranked:
+        """Reorder each question's candidates (``indices``/``scores`` [B, K], the graph's order) by the fused
+        score. A candidate row of -1 (no passage) stays last."""
+        B, K = indices.shape
+        q = q.to(self.device)
+        indices, scores = indices.to(self.device), scores.to(self.device, torch.float32)
+        q_of_pair = torch.arange(B, device=self.device).repeat_interleave(K)
+        missing = indices < 0
+        logits = self.pair_logits(q, p, q_of_pair, indices.clamp(min=0).reshape(-1)).view(B, K)
+        fused = fuse(self.settings, logits, scores).masked_fill(missing, float("-inf"))
+        order = torch.sort(fused, dim=1, descending=True, stable=True).indices
+        ranks = torch.arange(K, device=self.device).expand(B, K)
+        return Reranked(indices.gather(1, order), fused.gather(1, order), logits.gather(1, order),
+                        scores.gather(1, order), ranks.gather(1, order))
+
+    def predict(self, pairs: list[tuple[str, str]]) -> list[float]:
+        """The cross-encoder's logit of each (question, passage text) pair (like sentence-transformers'
+        CrossEncoder.predict)."""
+        if not pairs:
+            return []
+        q = self.question_tokens([a for a, _ in pairs])
+        p = self.tokenize_passages([b for _, b in pairs])
+        idx = torch.arange(len(pairs), device=self.device)
+        return self.pair_logits(q, p, idx, idx).tolist()
