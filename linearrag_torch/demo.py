@@ -2,28 +2,19 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import time
-from importlib import resources
 from pathlib import Path
 
+from .data import sample_corpus_path, sample_questions as demo_questions
 from .index import IndexFormatError
-
-
-def data_file(name: str) -> Path:
-    return Path(str(resources.files("linearrag_torch") / "data" / name))
-
-
-def demo_questions() -> list[dict]:
-    return [json.loads(line) for line in data_file("demo_questions.jsonl").read_text(encoding="utf-8").splitlines() if line]
 
 
 def run_demo(args) -> int:
     from .api import LinearRAG
 
-    corpus = data_file("demo_corpus.jsonl")
+    corpus = sample_corpus_path()
     digest = hashlib.sha256(corpus.read_bytes()).hexdigest()[:12]
     cache = Path(args.cache or os.environ.get("LINEARRAG_CACHE", Path.home() / ".cache" / "linearrag_torch"))
     index_dir = cache / f"demo-{digest}"
