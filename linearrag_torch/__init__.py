@@ -3,15 +3,44 @@
     from linearrag_torch import LinearRAG
     rag = LinearRAG.build("corpus.jsonl")
     hits = rag.search(["Who is the father of the director of film X?"], top_k=5)
-"""
-from .api import Hit, LinearRAG, resolve_device
-from .config import IndexConfig, RetrievalConfig
-from .corpus import InputError, Passage, read_corpus
-from .index import IndexFormatError, IndexLockedError, TriGraphIndex
-from .queries import EncodedQueries, Retrieved
 
-__all__ = [
-    "EncodedQueries", "Hit", "IndexConfig", "IndexFormatError", "IndexLockedError", "InputError", "LinearRAG", "Passage",
-    "RetrievalConfig", "Retrieved", "TriGraphIndex", "read_corpus", "resolve_device",
-]
+The names below load their modules (and torch) on first use, so that `linearrag --help` and the torch-free
+parts (the HTTP client, the adapters' imports, ``linearrag_torch.data``) start without importing torch.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "Hit": ".results", "LinearRAG": ".api", "resolve_device": ".api",
+    "IndexConfig": ".config", "RetrievalConfig": ".config",
+    "InputError": ".corpus", "Passage": ".corpus", "read_corpus": ".corpus",
+    "IndexFormatError": ".index", "IndexLockedError": ".index", "TriGraphIndex": ".index",
+    "EncodedQueries": ".queries", "Retrieved": ".queries",
+}
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # what type checkers and the API reference (griffe) see
+    from .api import LinearRAG, resolve_device
+    from .config import IndexConfig, RetrievalConfig
+    from .corpus import InputError, Passage, read_corpus
+    from .index import IndexFormatError, IndexLockedError, TriGraphIndex
+    from .queries import EncodedQueries, Retrieved
+    from .results import Hit
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # the next access is a plain global
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

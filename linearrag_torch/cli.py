@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import __version__
 from .cli_common import open_index_dir, print_hits, question_items, retrieval_settings, snippet
 from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig, add_flags
 
@@ -15,10 +16,14 @@ from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig, add_flags
 def _add_settings(p: argparse.ArgumentParser, stored: bool) -> None:
     """The RetrievalConfig flags (config.py holds each one's help). Left out, a flag keeps the stored
     value (query, answer) or the library's default (index): the flags default to None either way."""
-    g = p.add_argument_group(
-        "retrieval settings",
-        "default: " + ("the values stored with the index" if stored else "the library's (docs/QUALITY.md; see --reference-code)"),
-    )
+    if stored:
+        g = p.add_argument_group("retrieval settings", "default: the values stored with the index")
+    else:  # `index`: nothing here changes the build; the values become the index's stored defaults
+        g = p.add_argument_group(
+            "retrieval settings stored with the index",
+            "not used to build it: stored as the defaults of query, answer and serve, which take the same flags "
+            "per call; default: the library's (docs/QUALITY.md; see --reference-code)",
+        )
     # query and answer have their own --top-k (per call, not stored)
     names = add_flags(g, RetrievalConfig, unset_none=True, show_defaults=not stored, skip=("top_k",) if stored else ())
     p.set_defaults(retrieval_fields=names)
@@ -64,9 +69,11 @@ def parser() -> argparse.ArgumentParser:
         prog="linearrag",
         description="LinearRAG graph retrieval (entities, sentences, passages; activation + PageRank) on torch.",
     )
+    top.add_argument("--version", action="version", version=f"linearrag {__version__}")
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("index", help="build an index from a JSONL corpus",
+                       usage="%(prog)s CORPUS.jsonl INDEX_DIR [index settings] [retrieval settings] [--ray ...] [--device D]",
                        description="Sentence split, NER and encode every passage; write the Tri-Graph index to INDEX_DIR.")
     p.add_argument("corpus", metavar="CORPUS.jsonl", help='one JSON object per line: "text", optional "id" and "title"')
     p.add_argument("index_dir", metavar="INDEX_DIR")

@@ -135,6 +135,14 @@ def _resolve_cache(cache):
     return cache if isinstance(cache, ResponseCache) else ResponseCache(cache)
 
 
+def require_gen_extra() -> None:
+    """LLMError in one line when the ``openai`` package (the ``gen`` extra) is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("openai") is None:
+        raise LLMError("answers need the 'gen' extra: pip install 'linearrag_torch[gen]'")
+
+
 class LLM:
     """An OpenAI-compatible chat-completions endpoint with retries, bounded concurrency and a disk cache.
 
@@ -148,6 +156,7 @@ class LLM:
     def __init__(self, base_url: str | None = None, model: str | None = None, api_key: str | None = None, *,
                  timeout: float = 60.0, max_retries: int = 4, concurrency: int = 8, temperature: float = 0.0,
                  max_tokens: int | None = 512, cache=_DEFAULT, backoff: float = 1.0, max_backoff: float = 30.0):
+        require_gen_extra()  # before any work: `linearrag answer` names the missing extra, not a traceback later
         self.base_url = base_url or os.environ.get(ENV_BASE_URL) or os.environ.get("OPENAI_BASE_URL")
         self.model = model or os.environ.get(ENV_MODEL)
         if not self.base_url:
@@ -178,10 +187,9 @@ class LLM:
     def client(self):
         with self._client_lock:
             if self._client is None:
-                try:
-                    import openai
-                except ImportError:
-                    raise LLMError('the "openai" package is missing: pip install "linearrag_torch[gen]"') from None
+                require_gen_extra()
+                import openai
+
                 self._client = openai.OpenAI(base_url=self.base_url, api_key=self._api_key, timeout=self.timeout,
                                              max_retries=0)  # retries are ours (backoff, Retry-After, messages)
             return self._client

@@ -29,12 +29,14 @@ import re
 import socket
 import time
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
-import torch
 from tqdm.auto import tqdm
 
 from ..config import IndexConfig, RetrievalConfig
+
+if TYPE_CHECKING:  # torch loads where the work starts: `linearrag --help` parses these flags without it
+    import torch
 
 RAY_INSTALL_HINT = 'the Ray build needs the "ray" extra: pip install -e ".[ray]" (or pip install "ray[data]")'
 CONNECT_TIMEOUT_S = 5.0  # a TCP probe of ADDRESS before ray.init (which would otherwise retry for a minute)
@@ -229,6 +231,8 @@ class _NerActor:
     """A spaCy pipeline loaded once; each row is one spaCy batch of passage texts (JSON)."""
 
     def __init__(self):
+        import torch
+
         torch.set_num_threads(1)
         self.loaded = _Loaded()
 
@@ -284,6 +288,8 @@ class _EncodeActor:
 
     @staticmethod
     def _load(setup: dict):
+        import torch
+
         from .. import models
 
         if setup["device"] == "cpu":
@@ -292,6 +298,7 @@ class _EncodeActor:
 
     def __call__(self, batch: dict) -> dict:
         import numpy as np
+        import torch
 
         out = []
         with torch.inference_mode():
@@ -354,6 +361,8 @@ class RayEncoder:
     def forward_passes(self, texts: Sequence[str], keys=None) -> tuple[list, torch.Tensor]:
         """(the forward passes Encoder.encode(texts) makes, each a list of token id tuples; per text, its pass
         and its row in that pass as a [len(texts), 2] int64 tensor)."""
+        import torch
+
         passes: list = []
         dim = self.local.dim
 
@@ -375,6 +384,8 @@ class RayEncoder:
         return passes, where[:, :2].round().to(torch.int64)
 
     def encode(self, texts: Sequence[str], progress: bool = False, desc: str = "", keys=None) -> torch.Tensor:
+        import torch
+
         texts = list(texts)
         if not texts:
             return torch.zeros(0, self.dim, dtype=torch.float32)
@@ -395,6 +406,8 @@ class RayEncoder:
 
 def assemble(pass_vectors: Sequence[torch.Tensor], where: torch.Tensor) -> torch.Tensor:
     """The vectors of the texts from those of the forward passes (RayEncoder.forward_passes' ``where``)."""
+    import torch
+
     start = torch.tensor([0] + [len(v) for v in pass_vectors[:-1]], dtype=torch.int64).cumsum(0)
     return torch.cat(list(pass_vectors))[start[where[:, 0]] + where[:, 1]]
 
