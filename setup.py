@@ -16,8 +16,11 @@ EXTRAS = {
     "ray": ["ray[data,serve]>=2.60"],
     # the question encoder on ONNX Runtime (onnx_encoder.py; torch.onnx's exporter writes the file with onnx)
     "onnx": ["onnxruntime>=1.17", "onnx>=1.15"],
+    # the documentation site (mkdocs.yml, docs/): `mkdocs serve`, `mkdocs build --strict`; not in "all"
+    "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],
 }
-# everything optional that installs from PyPI wheels (torch-scatter compiles, Triton is CI's own pin)
+# everything optional that installs from PyPI wheels (torch-scatter compiles, Triton is CI's own pin; docs is a
+# tool for writing the site, not a part of the library)
 EXTRAS["all"] = sorted({r for k in ("serve", "gen", "langchain", "llamaindex", "haystack", "bench", "ray", "onnx") for r in EXTRAS[k]})
 
 setup(
