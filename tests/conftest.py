@@ -23,6 +23,26 @@ SMALL_CORPUS_SIZE = 60
 CHOSEN_QUESTIONS = (0, 5, 7, 10, 17, 26)
 
 
+# Test modules that start processes, clusters or servers, or run end to end (Ray, torch.distributed, NER worker
+# processes, the ONNX export, hypothesis, the benchmark programs): `pytest -m "not slow"` leaves them out of the
+# inner loop. By file name, so that a module keeps its mark wherever it moves.
+SLOW_MODULES = {
+    "test_ray_build.py", "test_ray_serve.py", "test_sharded.py", "test_ner_pool.py", "test_onnx_encoder.py",
+    "test_fuzz.py", "test_benchmark_scripts.py", "test_benchmark_qa.py", "test_quality_benchmark.py",
+    "test_rerank_headroom.py",
+}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: multi-process or end-to-end; left out by -m 'not slow' (conftest.SLOW_MODULES)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
+
 def read_jsonl(path):
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 

@@ -1,0 +1,147 @@
+"""The README's quick start runs as written, and so do the examples.
+
+The Python snippets run in order in one namespace, as a reader pasting them into one session would; the
+`linearrag` commands of the quick start run in this process (cli.main), from a scratch folder. Both read the
+bundled sample through its path, which the test points at the 60-passage cut of conftest (the supporting
+passages of six bundled questions and their neighbours): the whole 300-passage sample would take minutes on two
+CPU cores. A chat-model endpoint is a scripted one on 127.0.0.1 (tests/scripted_servers.py). Not run here: the
+install lines, `linearrag demo` (test_cli), the server (test_serve), Ray (test_ray_build, test_ray_serve) and
+sharding (test_sharded); a snippet whose extra is not installed is skipped.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib.util
+import io
+import re
+import runpy
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import write_jsonl, small_passages
+from scripted_servers import ScriptedChatServer, running
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+SAMPLE = "linearrag_torch/data/demo_corpus.jsonl"
+RUN = {"index", "query", "answer", "--version"}  # the commands run here (with their arguments as written)
+NOT_HERE = ("--ray", "--shards")  # a cluster or several processes: their own tests
+
+
+def python_snippets(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+
+
+def commands(text: str) -> list[list[str]]:
+    """The `linearrag ...` lines of the README's indented code blocks, split as a shell would."""
+    out = []
+    for line in re.findall(r"^    (linearrag .*)$", text, re.M):
+        argv = shlex.split(line, comments=True)[1:]
+        if argv and argv[0] in RUN and not any(flag in argv for flag in NOT_HERE):
+            out.append(argv)
+    return out
+
+
+def missing_imports(code: str) -> list[str]:
+    """Top-level packages the snippet imports that are not installed (its extra is absent)."""
+    names = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    # the adapters import their framework when their module is imported
+    extras = {"linearrag_torch.integrations.langchain": "langchain_core",
+              "linearrag_torch.integrations.llamaindex": "llama_index",
+              "linearrag_torch.integrations.haystack": "haystack",
+              "linearrag_torch.answers.generation": "openai"}
+    names |= {pkg for mod, pkg in extras.items() if mod in code}
+    return sorted(n for n in names if importlib.util.find_spec(n) is None)
+
+
+@pytest.fixture
+def readme_world(tmp_path, monkeypatch, small_corpus):
+    """A scratch working folder, the sample path pointed at the small cut, and a scripted chat endpoint."""
+    import linearrag_torch.data
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(linearrag_torch.data, "sample_corpus_path", lambda: Path(small_corpus))
+    monkeypatch.setenv("LINEARRAG_LLM_CACHE", "off")
+    monkeypatch.setenv("HAYSTACK_TELEMETRY_ENABLED", "False")
+    with running(ScriptedChatServer(lambda body: ("reply", "It says so.\nAnswer: Toronto"))) as chat:
+        monkeypatch.setenv("LINEARRAG_LLM_BASE_URL", chat.base_url)
+        monkeypatch.setenv("LINEARRAG_LLM_MODEL", "scripted")
+        yield tmp_path, Path(small_corpus), chat
+
+
+def test_the_readme_has_what_this_test_runs():
+    assert len(python_snippets(README)) >= 3
+    run = {argv[0] for argv in commands(README)}
+    assert {"index", "query", "--version"} <= run, run
+
+
+def test_readme_commands_run_as_written(readme_world, capsys):
+    from linearrag_torch.cli import main
+
+    _, small, chat = readme_world
+    for argv in commands(README):
+        argv = [str(small) if a == SAMPLE else str(ROOT / a) if a.startswith("linearrag_torch/data/") else a
+                for a in argv]
+        try:
+            rc = main(argv)
+        except SystemExit as exc:  # --version
+            rc = exc.code
+        out = capsys.readouterr()
+        assert rc == 0, f"linearrag {shlex.join(argv)}: exit {rc}\n{out.err}"
+        if argv[0] == "query":
+            assert "Sylvia Burka" in out.out or '"hits"' in out.out, out.out
+        if argv[0] == "answer":
+            assert "A: Toronto" in out.out, out.out
+        if argv[0] == "--version":
+            assert re.fullmatch(r"linearrag \S+\n", out.out), out.out
+    assert chat.chat_requests, "the answer command did not reach the chat endpoint"
+
+
+def test_readme_python_snippets_run_as_written(readme_world):
+    _, _, chat = readme_world
+    namespace: dict = {"__name__": "__readme__"}
+    ran, skipped = 0, []
+    for i, code in enumerate(python_snippets(README), 1):
+        missing = missing_imports(code)
+        if missing:
+            skipped.append((i, missing))
+            continue
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            try:
+                exec(compile(code, f"README.md python snippet {i}", "exec"), namespace)
+            except Exception as exc:
+                raise AssertionError(f"README python snippet {i} failed: {exc!r}\n{code}") from exc
+        assert buf.getvalue().strip(), f"README python snippet {i} printed nothing"
+        ran += 1
+    assert (Path("demo_index") / "index.json").exists()
+    assert ran >= 1
+    if skipped:
+        pytest.skip(f"ran {ran} snippets; skipped (extra not installed): {skipped}")
+
+
+def test_examples_run_on_the_sample(small_index_dir, tmp_path, monkeypatch, capsys):
+    """The examples the README links, on the small index (no build) and, for the update example, a 20-passage cut."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    monkeypatch.setattr(sys, "argv", ["search_and_explain.py", "--index", str(small_index_dir)])
+    runpy.run_path(str(ROOT / "examples" / "search_and_explain.py"), run_name="__main__")
+    assert "seeds:" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["recall_on_sample.py", "--index", str(small_index_dir)])
+    runpy.run_path(str(ROOT / "examples" / "recall_on_sample.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert re.search(r"\d+ questions, 60 passages", out) and "recall@5" in out, out
+    cut = write_jsonl(tmp_path / "cut.jsonl", small_passages()[:20])
+    monkeypatch.setattr(sys, "argv", ["update_index.py", "--corpus", str(cut), "--out", str(tmp_path / "grown")])
+    runpy.run_path(str(ROOT / "examples" / "update_index.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "top-5 lists identical" in out and (tmp_path / "grown" / "index.json").exists(), out
