@@ -133,7 +133,7 @@ def parser() -> argparse.ArgumentParser:
                         "(~340 MB and ~2 s to start each; pays with cores to spare) (default 0: NER here alone)")
     q.add_argument("--shards", type=_positive_int, default=None, metavar="N",
                    help="split the index over N local processes (torch.distributed: gloo on CPU, NCCL on GPUs) "
-                        "and answer as one; prints what one process prints (README: across machines with torchrun)")
+                        "and answer as one; prints what one process prints (docs/scale-out.md: across machines with torchrun)")
     _device_arg(q)
     _add_settings(q, stored=True)
 

@@ -158,7 +158,7 @@ class IndexConfig:
     title_entities: bool = _f(True, "make each passage title an entity of its passage (the reference code has none)")
     embedding_dtype: str = _f("float32", "how the passage, sentence and entity vectors are stored (they are computed in "
                                         "float32): float32, or float16 / bfloat16 at half the bytes (recall within "
-                                        "0.3 points of float32 on the dev sets, README 'Half-precision embeddings'; "
+                                        "0.3 points of float32 on the dev sets, docs/tuning.md 'Half-precision embeddings'; "
                                         "the graph matrices stay exact). `linearrag convert` changes an existing index",
                               choices=EMBEDDING_DTYPES)
 

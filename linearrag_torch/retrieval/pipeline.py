@@ -37,7 +37,7 @@ def set_threads(n: Optional[int] = None) -> int:
 
     torch's default (one thread per core) is fastest on idle cores, but its OpenMP threads spin at
     every barrier: when another busy process shares the cores they wait for each other, and a
-    question batch measured 5-10x slower on 2 shared cores with 2 threads than with 1 (README,
+    question batch measured 5-10x slower on 2 shared cores with 2 threads than with 1 (docs/tuning.md,
     "Question throughput"). On shared cores use 1 thread, or OMP_WAIT_POLICY=PASSIVE in the
     environment of the process (read when torch loads)."""
     if n is None and os.environ.get(THREADS_ENV):

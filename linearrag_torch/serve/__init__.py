@@ -1,5 +1,5 @@
 """Serving: dynamic batching, limits, metrics and index reloads over HTTP (extra ``serve``:
-fastapi, uvicorn, prometheus-client). See README "Serving"."""
+fastapi, uvicorn, prometheus-client). See docs/serving.md."""
 from .batcher import Batcher, BatchStats
 from .settings import ServeSettings
 
