@@ -3,7 +3,8 @@ from setuptools import find_packages, setup
 EXTRAS = {
     "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.7"],  # the benchmark scripts are tested too
     # `linearrag serve`: ASGI app, server, metrics; httpx is the HTTP client of the tests, benchmarks and adapters
-    "serve": ["fastapi>=0.110", "uvicorn>=0.29", "prometheus-client>=0.20", "httpx>=0.27"],
+    # fastapi-offline: the /docs page's scripts and styles, served by the server itself (no CDN)
+    "serve": ["fastapi>=0.110", "uvicorn>=0.29", "prometheus-client>=0.20", "httpx>=0.27", "fastapi-offline>=1.7"],
     "gen": ["openai>=1.30"],  # answers from any OpenAI-compatible chat-completions endpoint
     "langchain": ["langchain-core>=0.2"],
     "llamaindex": ["llama-index-core>=0.10"],

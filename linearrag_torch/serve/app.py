@@ -6,7 +6,7 @@ import logging
 import signal
 import sys
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from .. import __version__
@@ -14,6 +14,7 @@ from .service import LinearRAGService
 from .settings import ServeSettings
 
 DOC_PATHS = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+DOC_ASSETS = "/docs/assets"  # Swagger UI's and ReDoc's scripts and styles, served here (no CDN: /docs works offline)
 
 
 class _DocsAuth:
@@ -37,12 +38,47 @@ def create_app(service: LinearRAGService) -> FastAPI:
     """A FastAPI app serving ``service`` at the root; its lifespan starts and stops the service."""
     app = FastAPI(title="linearrag_torch", version=__version__, lifespan=service.lifespan,
                   description="LinearRAG graph retrieval: POST /v1/search with dynamic batching. "
-                              "Limits: see GET /info (server).")
+                              "Limits: see GET /info (server).", docs_url=None, redoc_url=None)
+    add_doc_pages(app)
     app.include_router(service.router)
     if service.settings.api_key:
         app.add_middleware(_DocsAuth, key=service.settings.api_key)
     app.state.linearrag = service
     return app
+
+
+def add_doc_pages(app: FastAPI) -> None:
+    """/docs (Swagger UI) and /redoc with their scripts and styles served by this server from the copies that the
+    fastapi-offline package ships (extra [serve]), so that the pages work without internet access; FastAPI's own
+    pages load them from a CDN."""
+    from pathlib import Path
+
+    import fastapi_offline
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+    from fastapi.responses import HTMLResponse
+    from fastapi.staticfiles import StaticFiles
+
+    app.mount(DOC_ASSETS, StaticFiles(directory=Path(fastapi_offline.__file__).parent / "static"), name="doc-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} - Swagger UI",
+                                   oauth2_redirect_url=f"{root}/docs/oauth2-redirect",
+                                   swagger_js_url=f"{root}{DOC_ASSETS}/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{root}{DOC_ASSETS}/swagger-ui.css",
+                                   swagger_favicon_url=f"{root}{DOC_ASSETS}/favicon.png")
+
+    @app.get("/docs/oauth2-redirect", include_in_schema=False)
+    async def swagger_ui_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_redoc_html(openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} - ReDoc",
+                              redoc_js_url=f"{root}{DOC_ASSETS}/redoc.standalone.js",
+                              redoc_favicon_url=f"{root}{DOC_ASSETS}/favicon.png", with_google_fonts=False)
 
 
 def _server_class():
@@ -73,9 +109,10 @@ def serve(index_dir, settings: ServeSettings, llm=None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     service = LinearRAGService(index_dir, settings, llm=llm)
     app = create_app(service)
-    # open connections are bounded too: past 8x --max-concurrent (+64 for probes) uvicorn answers 503
+    # open connections are bounded too: past 8x --max-concurrent (+64 for probes) uvicorn answers 503;
+    # one access log line per request at --log-level info (the default) or debug
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            timeout_graceful_shutdown=settings.graceful_timeout, access_log=False,
+                            timeout_graceful_shutdown=settings.graceful_timeout, access_log=True,
                             limit_concurrency=connection_limit(settings))
     server = _server_class()(config)
     failed = []

@@ -108,6 +108,22 @@ class HTTPError(Exception):
         self.status, self.detail, self.reason, self.headers = status, detail, reason, headers or {}
 
 
+ECHO_CHARS = 80  # a 422 shows at most this much of the value it refused
+
+
+def _cut_echo(error: dict) -> None:
+    """A validation error names its field (``loc``) and says what is wrong (``msg``); of the value it refused it
+    keeps a short one, the first ECHO_CHARS characters of a long string, and of a list or an object only its size
+    (a 2,400-character question or 300 questions are not sent back)."""
+    if "input" not in error:
+        return
+    value = error["input"]
+    if isinstance(value, str) and len(value) > ECHO_CHARS:
+        error["input"] = value[:ECHO_CHARS] + f"... ({len(value)} characters)"
+    elif isinstance(value, (list, dict)):
+        error["input"] = f"({'a list' if isinstance(value, list) else 'an object'} of {len(value)} items)"
+
+
 def _index_fingerprint(index_dir: Path) -> str | None:
     try:
         return hashlib.sha256((index_dir / "index.json").read_bytes()).hexdigest()[:16]
@@ -414,6 +430,7 @@ class LinearRAGService:
             errors = [{**e, "loc": ["body", *e["loc"]]} for e in exc.errors(include_url=False)]
             for e in errors:
                 e.pop("ctx", None)
+                _cut_echo(e)
             raise HTTPError(422, jsonable_encoder(errors), "invalid") from None
 
     def _check_ready(self) -> None:
