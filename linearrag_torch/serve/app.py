@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hmac
+import importlib.util
 import logging
 import signal
 import sys
@@ -36,10 +37,13 @@ class _DocsAuth:
 
 def create_app(service: LinearRAGService) -> FastAPI:
     """A FastAPI app serving ``service`` at the root; its lifespan starts and stops the service."""
+    local_docs = importlib.util.find_spec("fastapi_offline") is not None  # else FastAPI's pages (assets from a CDN)
     app = FastAPI(title="linearrag_torch", version=__version__, lifespan=service.lifespan,
                   description="LinearRAG graph retrieval: POST /v1/search with dynamic batching. "
-                              "Limits: see GET /info (server).", docs_url=None, redoc_url=None)
-    add_doc_pages(app)
+                              "Limits: see GET /info (server).",
+                  **({"docs_url": None, "redoc_url": None} if local_docs else {}))
+    if local_docs:
+        add_doc_pages(app)
     app.include_router(service.router)
     if service.settings.api_key:
         app.add_middleware(_DocsAuth, key=service.settings.api_key)
