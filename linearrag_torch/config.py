@@ -70,7 +70,7 @@ class RetrievalConfig:
     # the learned reranker (rerank/; retrieval/rerank_stage.py; docs/QUALITY.md, "The learned reranker")
     rerank: bool = _f(False, "rescore the graph's top candidates with the learned cross-encoder and order them by "
                              "its score fused with the graph's")
-    rerank_candidates: int = _f(10, "graph candidates the reranker rescores per question (hits after them keep the "
+    rerank_candidates: int = _f(5, "graph candidates the reranker rescores per question (hits after them keep the "
                                           "graph's order)")
     reranker: str = _f("", "reranker folder from `linearrag train-reranker` (empty: the model shipped with the "
                            "package)")

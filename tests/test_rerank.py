@@ -289,6 +289,15 @@ def test_a_missing_reranker_folder_is_named(small_rag, small_questions, tmp_path
         small_rag.search([small_questions[0]["question"]], rerank=True, reranker=str(tmp_path / "none"))
 
 
+def test_the_shipped_model_loads_and_prefers_the_relevant_passage():
+    r = Reranker.load()  # the folder shipped in the package
+    q = "Who directed the film Titanic?"
+    good = "Titanic (1997 film)\nTitanic is a 1997 American epic romance film written and directed by James Cameron."
+    bad = "Brisbane\nBrisbane is the capital of the Australian state of Queensland."
+    lg = r.predict([(q, good), (q, bad)])
+    assert lg[0] > lg[1]
+
+
 # ------------------------------------------------------------------------------------------ the ways in
 def test_cli_query_and_train_reranker(small_index_dir, small_rag, small_questions, tiny_base, tiny_reranker_dir,
                                       tmp_path, capsys, monkeypatch):

@@ -280,7 +280,8 @@ def train(questions: list[TrainingQuestion], passages: dict, out, cfg: TrainConf
     facts = {"seed": cfg.seed, "steps": total, "epochs": cfg.epochs, "train_questions": len(train_ix),
              "heldout_questions": len(held_ix), "train_seconds": round(time.time() - t0, 1),
              "first_losses": losses[:20], "last_losses": losses[-20:], "fusion": fit, "config": asdict(cfg),
-             "commit": _commit(), "device": str(device), "torch": torch.__version__}
+             "commit": _commit(), "device": str(device), "torch": torch.__version__,
+             "mined_questions": len(mining_questions(len(questions), cfg))}
     settings.extra = facts
     save_model(model, tok, settings, out / "model", half=half, card=model_card(settings, facts))
     for p in _checkpoint_paths(out):
@@ -355,7 +356,7 @@ A cross-encoder that reads a question and a passage together and gives one relev
 | head | mean pooling over the pair's tokens, one linear layer |
 | input | `[CLS] question [SEP] title newline text [SEP]`, question at most {settings.question_tokens} tokens, pair {settings.max_length} |
 | training data | the file given to `linearrag train-reranker` ({facts['train_questions']} questions trained, {facts['heldout_questions']} held out to fit the fusion) |
-| negatives | each question's published distractors and the engine's top-{cfg['candidates']} wrong passages over an index of all the file's paragraphs |
+| negatives | each question's published distractors, and the engine's top-{cfg['candidates']} wrong passages over an index of the paragraphs of {facts.get('mined_questions', '?')} questions (`--mine-share {cfg['mine_share']}` of the training questions and all held-out ones) |
 | loss | listwise: -log softmax of each gold against {cfg['negatives']} sampled negatives |
 | optimiser | AdamW, lr {cfg['lr']} (head {cfg['head_lr']}), {cfg['warmup']:.0%} warm-up then linear decay, word embeddings frozen |
 | steps | {facts['steps']} ({facts['epochs']} epochs, {cfg['questions_per_step']} questions a step) |
@@ -364,5 +365,5 @@ A cross-encoder that reads a question and a passage together and gives one relev
 | commit | {facts['commit']} |
 | fused score | {settings.w_model:.4g} x logit + {settings.w_rank:.4g} x log(1 + graph rank) + {settings.w_score:.4g} x log(graph score / top score) |
 
-Reproduce: `linearrag train-reranker --train questions.jsonl --out DIR --seed {facts['seed']} --epochs {facts['epochs']}`.
+Reproduce: `linearrag train-reranker --train questions.jsonl --out DIR --seed {facts['seed']} --epochs {facts['epochs']} --mine-share {cfg['mine_share']}`.
 """
