@@ -162,6 +162,24 @@ def _metric_order(k: str):
 
 
 # ---------------------------------------------------------------------------------------- index cache
+def data_set_arguments(ap) -> None:
+    """--data (folders with corpus.jsonl and questions.jsonl), --json and --cache, for the benchmarks that rank
+    the dev sets' questions (rerank_headroom, rerank)."""
+    ap.add_argument("--data", required=True, nargs="+", type=Path,
+                    help="folder(s) with corpus.jsonl and questions.jsonl (supporting_ids)")
+    ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"index cache folder (default {DEFAULT_CACHE})")
+
+
+def check_data_folders(folders, error) -> None:
+    """Every folder's corpus.jsonl and questions.jsonl, checked before the first index loads (``error``: an
+    argparse parser's error)."""
+    for data in folders:
+        for name in ("corpus.jsonl", "questions.jsonl"):
+            if not (data / name).is_file():
+                error(f"{data / name}: not found")
+
+
 def cache_key(corpus_path: Path, index_config: IndexConfig) -> str:
     """sha256 of the corpus and the IndexConfig. encoder_precision enters resolved for this machine
     ("auto" = what LinearRAG.build would use here) and only when it is not float32, so that indexes

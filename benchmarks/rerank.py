@@ -26,8 +26,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from benchmarks.quality import (DEFAULT_CACHE, aggregate, encode, load_or_build, machine_info,  # noqa: E402
-                                per_question_metrics)
+from benchmarks.quality import (aggregate, check_data_folders, data_set_arguments, encode,  # noqa: E402
+                                load_or_build, machine_info, per_question_metrics)
 from linearrag_torch.config import RetrievalConfig  # noqa: E402
 from linearrag_torch.corpus import read_questions  # noqa: E402
 from linearrag_torch.rerank import Reranker  # noqa: E402
@@ -123,19 +123,13 @@ def plot(path: Path, results: dict, k: int) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.rerank", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", required=True, nargs="+", type=Path,
-                    help="folder(s) with corpus.jsonl and questions.jsonl (supporting_ids)")
+    data_set_arguments(ap)
     ap.add_argument("--reranker", default=None, help="reranker folder (default: the packaged model)")
     ap.add_argument("--candidates", nargs="+", type=int, default=[5, 10, 20], help="candidate counts K compared")
     ap.add_argument("--cost-batches", nargs="*", type=int, default=[1, 64], help="batch sizes timed (none: skip)")
-    ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--png", type=Path, help="write the plot here")
-    ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"index cache folder (default {DEFAULT_CACHE})")
     args = ap.parse_args(argv)
-    for data in args.data:
-        for name in ("corpus.jsonl", "questions.jsonl"):
-            if not (data / name).is_file():
-                ap.error(f"{data / name}: not found")
+    check_data_folders(args.data, ap.error)
     cfg = RetrievalConfig().replace(reranker=args.reranker or "")
     results = {"config": cfg.to_dict(), "candidates": args.candidates, "datasets": {}, "cost_ms_per_question": {},
                "date": time.strftime("%Y-%m-%d"), "torch_threads": torch.get_num_threads()}

@@ -20,14 +20,13 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
 from benchmarks.common import setting_overrides  # noqa: E402
-from benchmarks.quality import DEFAULT_CACHE, encode, load_or_build  # noqa: E402
+from benchmarks.quality import check_data_folders, data_set_arguments, encode, load_or_build  # noqa: E402
 from linearrag_torch.config import RetrievalConfig  # noqa: E402
 from linearrag_torch.corpus import read_questions  # noqa: E402
 
@@ -78,17 +77,11 @@ def headroom(rag, questions: list[dict], cfg: RetrievalConfig) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.rerank_headroom", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", required=True, nargs="+", type=Path,
-                    help="folder(s) with corpus.jsonl and questions.jsonl (supporting_ids)")
-    ap.add_argument("--json", type=Path, help="write the results here")
-    ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"index cache folder (default {DEFAULT_CACHE})")
+    data_set_arguments(ap)
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="RetrievalConfig overrides")
     args = ap.parse_args(argv)
     cfg = RetrievalConfig().replace(**setting_overrides(args.set, "--set", ap.error))
-    for data in args.data:  # every folder checked before the first index loads
-        for name in ("corpus.jsonl", "questions.jsonl"):
-            if not (data / name).is_file():
-                ap.error(f"{data / name}: not found")
+    check_data_folders(args.data, ap.error)
     results = {"config": cfg.to_dict(), "datasets": {}}
     for data in args.data:
         rag, _ = load_or_build(data / "corpus.jsonl", args.cache)

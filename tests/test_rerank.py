@@ -358,3 +358,27 @@ def test_server_and_adapter_accept_rerank(small_rag, small_questions, tiny_reran
         assert [[h.id for h in hits] for hits in src.search(qs, 4)] == want
     src = HitSource(small_rag, settings={"rerank": True, "reranker": str(tiny_reranker_dir)})
     assert [[h.id for h in hits] for hits in src.search(qs, 4)] == want
+
+
+def test_rerank_benchmark_on_two_small_sets(tmp_path, small_corpus, small_questions, small_rag, tiny_reranker_dir):
+    from conftest import two_data_folders
+
+    from benchmarks import rerank as bench
+    from benchmarks.rerank_headroom import recall
+
+    cache, folders = two_data_folders(tmp_path, small_corpus, small_questions, small_rag)
+    out = tmp_path / "r.json"
+    assert bench.main(["--data", *map(str, folders), "--cache", str(cache), "--reranker", str(tiny_reranker_dir),
+                       "--candidates", "3", "5", "--cost-batches", "1", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    id_to_row = {str(p): i for i, p in enumerate(small_rag.index.passage_ids)}
+    for folder, qs in zip(folders, (small_questions[:3], small_questions[3:])):
+        got = res["datasets"][folder.name]
+        assert got["engine_path_equal"] is True  # the engine's own path = the offline reorder at the default K
+        rows = [[h.row for h in hits] for hits in small_rag.search([q["question"] for q in qs], top_k=10)]
+        gold = [{id_to_row[str(g)] for g in q["supporting_ids"]} for q in qs]
+        assert got["graph"]["recall@5"] == pytest.approx(recall(rows, gold, ks=(5,))["recall@5"], abs=0.01)
+        assert set(got) >= {"rerank_top3", "rerank_top5", "model_only_top5"}
+        assert set(res["cost_ms_per_question"][folder.name]["batch_1"]) == {"graph", "graph+rerank", "rerank"}
+    with pytest.raises(SystemExit):
+        bench.main(["--data", str(tmp_path / "missing")])
