@@ -66,8 +66,8 @@ class EncodedQueries:
 
     def select(self, rows) -> "EncodedQueries":
         """The questions at positions ``rows`` (distinct, in that order), with their entities in their
-        order here and owners renumbered from 0. The stored-vector rows (entity_rows) are not carried:
-        the selection's seeds are found by the full scan."""
+        order here and owners renumbered from 0; the stored-vector rows (entity_rows) of those entities come
+        along, so that a chunk of a large batch seeds from them as the whole batch would."""
         rows = [int(r) for r in rows]
         new = torch.full((self.batch_size,), -1, dtype=torch.int64, device=self.entity_owner.device)
         new[torch.tensor(rows, dtype=torch.int64, device=new.device)] = torch.arange(len(rows), device=new.device)
@@ -77,6 +77,8 @@ class EncodedQueries:
             self.query_emb.index_select(0, torch.tensor(rows, dtype=torch.int64, device=self.query_emb.device)),
             self.entity_emb.index_select(0, keep.to(self.entity_emb.device)), owner[keep],
             [self.entity_text[i] for i in keep.tolist()] if self.entity_text else [],
+            None if self.entity_rows is None else self.entity_rows.index_select(0, keep.to(self.entity_rows.device)),
+            self.rows_of,
             prior=None if self.prior is None else self.prior.select(new),
             rerank_tokens=None if self.rerank_tokens is None else self.rerank_tokens.select(
                 torch.tensor(rows, dtype=torch.int64)),

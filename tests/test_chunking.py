@@ -73,3 +73,26 @@ def test_select_and_slice_take_questions_with_their_entities():
     keep = [j for j, o in enumerate(own) if 2 <= o < 5]
     assert torch.equal(part.query_emb, queries.query_emb[2:5]) and part.entity_owner.tolist() == [own[j] - 2 for j in keep]
     assert queries.slice(3, 3).batch_size == 0
+
+
+def test_a_chunked_real_batch_keeps_the_stored_entity_vectors(small_rag, small_questions, monkeypatch):
+    from linearrag_torch.retrieval import engine as engine_mod
+
+    enc = small_rag.encode_queries([q["question"] for q in small_questions])
+    assert enc.entity_rows is not None and bool((enc.entity_rows >= 0).any())
+    sub = enc.select([4, 1])
+    keep = [j for j, o in enumerate(enc.entity_owner.tolist()) if o in (4, 1)]
+    assert sub.entity_rows.tolist() == enc.entity_rows[keep].tolist() and sub.rows_of is enc.rows_of
+    whole = engine_mod.retrieve(small_rag.graph, enc, small_rag.config)
+    seen = []
+    real_activate = engine_mod.activate_pairs
+
+    def spy(graph, queries, cfg):
+        seen.append(queries.entity_rows is not None and queries.rows_of is graph.index)
+        return real_activate(graph, queries, cfg)
+
+    monkeypatch.setattr(engine_mod, "activate_pairs", spy)
+    per_q = small_rag.graph.bytes_per_question(small_rag.config)
+    chunked = engine_mod.retrieve(small_rag.graph, enc, small_rag.config, memory_budget=2 * per_q)
+    assert seen and all(seen)  # every chunk seeded from the stored vectors' rows
+    assert torch.equal(chunked.indices, whole.indices) and torch.allclose(chunked.scores, whole.scores, atol=1e-6)
