@@ -51,6 +51,23 @@ class Reranked(NamedTuple):
     graph_ranks: torch.Tensor  # [B, K] int64
 
 
+def tokenize_questions(tokenizer, questions: list[str], settings: RerankerSettings) -> QuestionTokens:
+    """The questions' ids with [CLS] and [SEP], cut to settings.question_tokens (on the CPU)."""
+    enc = tokenizer(list(questions), truncation=True, max_length=settings.question_tokens, padding=True,
+                    return_tensors="pt")
+    return QuestionTokens(enc["input_ids"].to(torch.int64), enc["attention_mask"].sum(1))
+
+
+def tokenize_passages(tokenizer, texts: list[str], settings: RerankerSettings) -> PassageTokens:
+    """The passages' ids without special tokens, cut to what a pair leaves them (on the CPU)."""
+    cap = settings.max_length - 4  # a pair has [CLS] [SEP] before, [SEP] and one padding after the passage
+    rows = tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=cap)["input_ids"] if texts else []
+    ids = torch.zeros(len(rows), cap, dtype=torch.int64)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(r, dtype=torch.int64)
+    return PassageTokens(ids, torch.tensor([len(r) for r in rows], dtype=torch.int64))
+
+
 def pair_inputs(q: QuestionTokens, p: PassageTokens, q_of_pair: torch.Tensor, passage_of_pair: torch.Tensor,
                 length: int, sep_id: int, pad_id: int = 0):
     """input_ids, attention_mask, token_type_ids [n, length] of n pairs ``[CLS] question [SEP] passage [SEP]``
@@ -106,10 +123,7 @@ class Reranker:
 
     # ----------------------------------------------------------------- tokens
     def question_tokens(self, questions: list[str]) -> QuestionTokens:
-        enc = self.tokenizer(list(questions), truncation=True, max_length=self.settings.question_tokens,
-                             padding=True, return_tensors="pt")
-        ids = enc["input_ids"].to(torch.int64)
-        return QuestionTokens(ids.to(self.device), enc["attention_mask"].sum(1).to(self.device))
+        return tokenize_questions(self.tokenizer, questions, self.settings).to(self.device)
 
     def passage_tokens(self, index) -> PassageTokens:
         """Every passage of ``index`` tokenised once (cached while the index object lives)."""
@@ -121,15 +135,8 @@ class Reranker:
         return got
 
     def tokenize_passages(self, texts: list[str]) -> PassageTokens:
-        cap = self.settings.max_length - 4  # a pair has [CLS] [SEP] before, [SEP] and one padding after the passage
-        rows = self.tokenizer(texts, add_special_tokens=False, truncation=True, max_length=cap)["input_ids"] \
-            if texts else []
-        ids = torch.zeros(len(rows), cap, dtype=torch.int64)
-        lengths = torch.zeros(len(rows), dtype=torch.int64)
-        for i, r in enumerate(rows):
-            ids[i, :len(r)] = torch.tensor(r, dtype=torch.int64)
-            lengths[i] = len(r)
-        return PassageTokens(ids.to(self.device), lengths.to(self.device))
+        p = tokenize_passages(self.tokenizer, texts, self.settings)
+        return PassageTokens(p.ids.to(self.device), p.lengths.to(self.device))
 
     # ----------------------------------------------------------------- scoring
     @torch.inference_mode()

@@ -28,7 +28,8 @@ import torch
 from ..corpus import InputError
 from .model import RerankerSettings, base_cross_encoder, save_model
 from .options import TrainConfig
-from .scoring import PassageTokens, QuestionTokens, fuse, pair_inputs
+from ..index import passage_text
+from .scoring import PassageTokens, QuestionTokens, fuse, pair_inputs, tokenize_passages, tokenize_questions
 
 
 @dataclass
@@ -111,19 +112,11 @@ def mine(questions: list[TrainingQuestion], passages: dict, index_dir, depth: in
 
 # ----------------------------------------------------------------------------------------- training
 def _tokens(tokenizer, questions: list[TrainingQuestion], passages: dict, cfg: TrainConfig):
-    keys = list(passages)
-    row_of = {k: i for i, k in enumerate(keys)}
-    cap = cfg.max_length - 4  # as Reranker.tokenize_passages
-    rows = tokenizer([f"{t}\n{x}" if t else x for t, x in passages.values()], add_special_tokens=False,
-                     truncation=True, max_length=cap)["input_ids"]
-    p_ids = torch.zeros(len(rows), cap, dtype=torch.int64)
-    p_len = torch.tensor([len(r) for r in rows], dtype=torch.int64)
-    for i, r in enumerate(rows):
-        p_ids[i, :len(r)] = torch.tensor(r, dtype=torch.int64)
-    enc = tokenizer([q.question for q in questions], truncation=True, max_length=cfg.question_tokens, padding=True,
-                    return_tensors="pt")
-    q = QuestionTokens(enc["input_ids"].to(torch.int64), enc["attention_mask"].sum(1))
-    return q, PassageTokens(p_ids, p_len), row_of
+    """(question tokens, passage tokens, {passage key: row}) laid out as the Reranker lays them out."""
+    settings = RerankerSettings(max_length=cfg.max_length, question_tokens=cfg.question_tokens)
+    p = tokenize_passages(tokenizer, [passage_text(t, x) for t, x in passages.values()], settings)
+    q = tokenize_questions(tokenizer, [q.question for q in questions], settings)
+    return q, p, {k: i for i, k in enumerate(passages)}
 
 
 def _group(q: TrainingQuestion, gold: set, row_of: dict, cfg: TrainConfig, gen: torch.Generator) -> tuple[list, int]:
