@@ -11,7 +11,7 @@ import torch
 from conftest import write_jsonl
 from linearrag_torch.rerank import Reranker, RerankerLoadError, RerankerSettings
 from linearrag_torch.rerank.model import base_cross_encoder, load_model, packaged_base_folder, save_model
-from linearrag_torch.rerank.scoring import PassageTokens, QuestionTokens, fuse, pair_inputs
+from linearrag_torch.rerank.scoring import PassageTokens, QuestionTokens, chain_context, fuse, pair_inputs
 from linearrag_torch.rerank.train import (TrainConfig, listwise_loss, mining_questions, read_training_file,
                                           split_heldout, train)
 from linearrag_torch.corpus import InputError
@@ -36,6 +36,28 @@ def test_pair_inputs_cuts_the_passage_and_keeps_the_closing_sep():
     ids, mask, _ = pair_inputs(q, p, torch.tensor([0]), torch.tensor([0]), 7, sep_id=102)
     assert ids.tolist() == [[101, 5, 102, 11, 12, 102, 0]]
     assert mask.tolist() == [[1] * 6 + [0]]
+
+
+def test_chain_aware_pairs_read_the_context_after_the_question():
+    q = QuestionTokens(torch.tensor([[101, 5, 6, 102]]), torch.tensor([4]))
+    p = PassageTokens(torch.tensor([[11, 12, 13, 14], [21, 22, 23, 0]]), torch.tensor([4, 3]))
+    # context cut to context_tokens - 1 = 2 tokens and closed by [SEP]; it has the question's token type
+    ids, mask, types = pair_inputs(q, p, torch.tensor([0, 0]), torch.tensor([0, 0]), 14, 102,
+                                   context_of_pair=torch.tensor([1, -1]), context_tokens=3)
+    assert ids.tolist() == [[101, 5, 6, 102, 21, 22, 102, 11, 12, 13, 14, 102, 0, 0],
+                            [101, 5, 6, 102, 11, 12, 13, 14, 102, 0, 0, 0, 0, 0]]  # -1: no context
+    assert mask.tolist() == [[1] * 12 + [0] * 2, [1] * 9 + [0] * 5]
+    assert types.tolist() == [[0] * 7 + [1] * 5 + [0] * 2, [0] * 4 + [1] * 5 + [0] * 5]
+    # without context_tokens the layout is the plain pair's
+    plain = pair_inputs(q, p, torch.tensor([0]), torch.tensor([0]), 14, 102)
+    ctx_off = pair_inputs(q, p, torch.tensor([0]), torch.tensor([0]), 14, 102, context_of_pair=torch.tensor([1]))
+    assert all(torch.equal(a, b) for a, b in zip(plain, ctx_off))
+
+
+def test_chain_context_is_the_top_candidate_and_the_second_for_the_top_one():
+    got = chain_context(torch.tensor([[7, 3, 9], [4, -1, -1], [5, 6, -1]]))
+    assert got.tolist() == [[3, 7, 7], [-1, -1, -1], [6, 5, -1]]
+    assert chain_context(torch.tensor([[8], [2]])).tolist() == [[-1], [-1]]
 
 
 def test_fuse_is_the_documented_formula():
@@ -235,6 +257,60 @@ def test_engine_rerank_equals_the_order_computed_by_hand(small_rag, small_questi
     for hits, p in zip(got, plain):
         assert sorted(h.row for h in hits[:6]) == sorted(h.row for h in p[:6])  # a reorder of the candidates
         assert [(h.row, h.score) for h in hits[6:]] == [(h.row, h.score) for h in p[6:]]  # the tail is the graph's
+
+
+@pytest.fixture(scope="session")
+def tiny_chain_reranker_dir(tiny_base, tmp_path_factory):
+    """As tiny_reranker_dir, chain-aware (context_tokens 12)."""
+    model, tok = base_cross_encoder(tiny_base, seed=6)
+    torch.nn.init.normal_(model.head.weight, std=1.0)
+    folder = tmp_path_factory.mktemp("tiny_chain_reranker") / "model"
+    save_model(model.eval(), tok, RerankerSettings(max_length=64, question_tokens=20, context_tokens=12, w_model=3.0,
+                                                   w_rank=-0.3, w_score=0.2), folder, half=False)
+    return folder
+
+
+def test_chain_aware_rerank_reads_the_top_passage_as_context(small_rag, small_questions, tiny_chain_reranker_dir):
+    """The engine's chain-aware order equals one computed from text: each candidate's context is the graph's top
+    passage (the second for the top one itself), scored by Reranker.predict with contexts, fused, sorted."""
+    import math
+
+    qs = [q["question"] for q in small_questions]
+    r = Reranker.load(tiny_chain_reranker_dir)
+    s = r.settings
+    graph = small_rag.search(qs, top_k=6, rerank=False)
+    want = []
+    for q, hits in zip(qs, graph):
+        text = [small_rag.index.passage_text(h.row) for h in hits]
+        contexts = [text[1] if i == 0 else text[0] for i in range(len(hits))]
+        logits = r.predict([(q, t) for t in text], contexts)
+        assert logits != r.predict([(q, t) for t in text])  # the context changes the scores
+        fused = [s.w_model * lg + s.w_rank * math.log1p(i) + s.w_score * math.log(min(max(h.score / hits[0].score,
+                                                                                           1e-6), 1.0))
+                 for i, (lg, h) in enumerate(zip(logits, hits))]
+        want.append([hits[i].row for i in sorted(range(len(hits)), key=lambda i: -fused[i])])
+    got = small_rag.search(qs, top_k=6, rerank=True, rerank_candidates=6, reranker=str(tiny_chain_reranker_dir))
+    assert [[h.row for h in hits] for hits in got] == want
+    cfg = small_rag.config.replace(rerank=True, reranker=str(tiny_chain_reranker_dir), top_k=6, rerank_candidates=6)
+    enc = small_rag.encode_queries(qs, cfg)
+    together = small_rag.retrieve(enc, cfg)
+    for b, q in enumerate(qs):  # a question's result does not depend on its batch
+        assert torch.equal(small_rag.retrieve(small_rag.encode_queries([q], cfg), cfg).indices[0], together.indices[b])
+
+
+def test_chain_aware_training_runs_from_a_reranker_folder(tmp_path, tiny_base, tiny_reranker_dir):
+    qs, ps = read_training_file(write_jsonl(tmp_path / "t.jsonl", _training_rows()))
+    for q in qs[::2]:  # half the questions with the engine's top two (a mistake first), half with stand-ins
+        q.mined = [(q.negatives[0], 1.0), (q.positives[0], 0.5)]
+    cfg = TrainConfig(epochs=2, questions_per_step=2, negatives=3, max_length=48, question_tokens=16, context_tokens=12,
+                      lr=1e-3, head_lr=1e-2, heldout=0.25)
+    facts = train(qs, ps, tmp_path / "out", cfg, init=tiny_reranker_dir, progress=False, half=False)
+    again = train(qs, ps, tmp_path / "again", cfg, init=tiny_reranker_dir, progress=False, half=False)
+    assert facts["last_losses"] == again["last_losses"]  # deterministic, the stand-in contexts included
+    saved = Reranker.load(tmp_path / "out/model")
+    assert saved.settings.context_tokens == 12 and "context" in (tmp_path / "out/model/MODEL_CARD.md").read_text()
+    with pytest.raises(ValueError, match="context_tokens"):
+        TrainConfig(max_length=30, question_tokens=16, context_tokens=12)
 
 
 def test_a_questions_reranked_result_does_not_depend_on_its_batch(small_rag, small_questions, tiny_reranker_dir):

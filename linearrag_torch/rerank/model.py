@@ -43,6 +43,9 @@ class RerankerSettings:
 
     max_length: int = 96  # tokens of a pair: [CLS] question [SEP] passage [SEP] and padding
     question_tokens: int = 32  # the question's share at most, with [CLS] and [SEP]
+    # chain-aware pairs: the graph's top passage (its second for the top one itself) read after the question,
+    # at most this many tokens with its [SEP]; 0: plain (question, passage) pairs
+    context_tokens: int = 0
     w_model: float = 1.0
     w_rank: float = 0.0
     w_score: float = 0.0
@@ -51,9 +54,11 @@ class RerankerSettings:
     extra: dict = field(default_factory=dict)  # training facts (seed, steps, ...) for the card
 
     def __post_init__(self) -> None:
-        if self.question_tokens < 3 or self.max_length < self.question_tokens + 5:
-            raise ValueError(f"reranker settings: need question_tokens >= 3 and max_length >= question_tokens + 5, "
-                             f"got {self.question_tokens} and {self.max_length}")
+        if self.question_tokens < 3 or self.context_tokens < 0 \
+                or self.max_length < self.question_tokens + self.context_tokens + 5:
+            raise ValueError(f"reranker settings: need question_tokens >= 3, context_tokens >= 0 and max_length >= "
+                             f"question_tokens + context_tokens + 5, got {self.question_tokens}, "
+                             f"{self.context_tokens} and {self.max_length}")
 
     @classmethod
     def from_dict(cls, d: dict) -> "RerankerSettings":
@@ -104,11 +109,15 @@ def load_tokenizer(folder: Path):
 
 
 def base_cross_encoder(folder: Path | None = None, seed: int = 0) -> tuple[CrossEncoder, object]:
-    """A fresh cross-encoder from a BERT folder (default: the packaged all-MiniLM-L6-v2) and its tokenizer;
-    the head is initialised from ``seed``."""
+    """A cross-encoder to train and its tokenizer: from a BERT folder (default: the packaged all-MiniLM-L6-v2)
+    with a fresh head initialised from ``seed``, or from a reranker folder (its encoder and head: training
+    goes on from it, in float32)."""
     from transformers import AutoModel
 
     folder = Path(folder) if folder else packaged_base_folder()
+    if (folder / SETTINGS_FILE).is_file():
+        model, tok, _ = load_model(folder)
+        return model, tok
     torch.manual_seed(seed)
     bert = AutoModel.from_pretrained(str(folder), local_files_only=True)
     model = CrossEncoder(bert)

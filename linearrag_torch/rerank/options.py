@@ -18,6 +18,7 @@ class TrainConfig:
     hard_share: float = 0.67  # of the negatives, from the engine's mistakes when there are any
     max_length: int = 96
     question_tokens: int = 32
+    context_tokens: int = 0  # chain-aware pairs: the graph's top passage read after the question (0: off)
     heldout: float = 0.1  # share of the questions kept out of training to fit the fused score
     candidates: int = 10  # the engine's top candidates mined per question (and reranked at fit time)
     mine_share: float = 1.0  # share of the training questions whose paragraphs enter the mining index
@@ -27,9 +28,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.questions_per_step < 1 or self.negatives < 1 or self.candidates < 1:
             raise ValueError("epochs, questions_per_step, negatives and candidates must be >= 1")
-        if self.max_length < self.question_tokens + 5:
+        if self.context_tokens < 0 or self.max_length < self.question_tokens + self.context_tokens + 5:
             raise ValueError(f"max_length ({self.max_length}) must leave room for the question ({self.question_tokens} "
-                             "tokens), a passage and 3 special tokens and one padding: at least question_tokens + 5")
+                             f"tokens), the context ({self.context_tokens}), a passage, 3 special tokens and one "
+                             "padding: at least question_tokens + context_tokens + 5")
         if not 0.0 <= self.mine_share <= 1.0 or not 0.0 < self.heldout < 1.0 or not 0.0 <= self.hard_share <= 1.0:
             raise ValueError("mine_share and hard_share must be in [0, 1], heldout in (0, 1)")
 
@@ -49,7 +51,8 @@ def add_parser(sub) -> None:
     p.add_argument("--train", required=True, metavar="TRAIN.jsonl", help="training questions with their paragraphs")
     p.add_argument("--out", required=True, metavar="OUT", help="output folder (the model goes to OUT/model)")
     p.add_argument("--init", metavar="DIR", default=None,
-                   help="a BERT folder to start from (default: the packaged all-MiniLM-L6-v2)")
+                   help="a BERT folder to start from (default: the packaged all-MiniLM-L6-v2), or a reranker folder "
+                        "to go on training")
     p.add_argument("--epochs", type=int, default=d.epochs, help=f"passes over the training questions (default {d.epochs})")
     p.add_argument("--seed", type=int, default=d.seed, help=f"seed of the split, the order and the sampling (default {d.seed})")
     p.add_argument("--lr", type=float, default=d.lr, help=f"encoder learning rate (default {d.lr})")
@@ -61,6 +64,9 @@ def add_parser(sub) -> None:
                    help=f"tokens of a (question, passage) pair (default {d.max_length})")
     p.add_argument("--question-tokens", type=int, default=d.question_tokens,
                    help=f"the question's share of a pair at most (default {d.question_tokens})")
+    p.add_argument("--context-tokens", type=int, default=d.context_tokens,
+                   help="chain-aware pairs: read the graph's top passage (its second for the top one) after the "
+                        f"question, at most this many tokens (default {d.context_tokens}: off)")
     p.add_argument("--mine-share", type=float, default=d.mine_share,
                    help="share of the training questions whose paragraphs enter the mining index and that get the "
                         "engine's mistakes as negatives (held-out questions always do; 0: held-out only) "
@@ -83,7 +89,7 @@ def run(args) -> int:
 
     cfg = TrainConfig(epochs=args.epochs, seed=args.seed, lr=args.lr, negatives=args.negatives,
                       questions_per_step=args.questions_per_step, max_length=args.max_length,
-                      question_tokens=args.question_tokens,
+                      question_tokens=args.question_tokens, context_tokens=args.context_tokens,
                       mine_share=args.mine_share, threads=args.threads)
     questions, passages = read_training_file(args.train)
     if args.limit:

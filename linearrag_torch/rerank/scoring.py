@@ -69,24 +69,50 @@ def tokenize_passages(tokenizer, texts: list[str], settings: RerankerSettings) -
 
 
 def pair_inputs(q: QuestionTokens, p: PassageTokens, q_of_pair: torch.Tensor, passage_of_pair: torch.Tensor,
-                length: int, sep_id: int, pad_id: int = 0):
+                length: int, sep_id: int, pad_id: int = 0, context_of_pair: torch.Tensor | None = None,
+                context_tokens: int = 0):
     """input_ids, attention_mask, token_type_ids [n, length] of n pairs ``[CLS] question [SEP] passage [SEP]``
     (the passage cut to fit, then padding), built on the tensors' device without a host copy. The last
     position is always padding: a pass whose mask were all ones would take another attention kernel
-    (transformers drops such a mask), and a pair's score would then depend on the pairs beside it."""
+    (transformers drops such a mask), and a pair's score would then depend on the pairs beside it.
+
+    Chain-aware pairs (``context_tokens`` > 0 and ``context_of_pair`` given): the passage row in
+    ``context_of_pair`` (-1: none) is read after the question, cut to ``context_tokens - 1`` tokens and
+    closed by [SEP]: ``[CLS] question [SEP] context [SEP] passage [SEP]``; the context has the question's
+    token type."""
     n = q_of_pair.numel()
     dev = q.ids.device
     pos = torch.arange(length, device=dev).expand(n, length)
-    ql = q.lengths.index_select(0, q_of_pair).unsqueeze(1)
+    sep = torch.full((n, length), sep_id, dtype=torch.int64, device=dev)
+    start = q.lengths.index_select(0, q_of_pair).unsqueeze(1)  # where the segment after the question begins
+    ids = q.ids.index_select(0, q_of_pair).gather(1, pos.clamp(max=q.ids.shape[1] - 1))
+    if context_of_pair is not None and context_tokens > 0:
+        has = (context_of_pair >= 0).unsqueeze(1)
+        rows = context_of_pair.clamp(min=0)
+        cl = torch.where(has, p.lengths.index_select(0, rows).unsqueeze(1).clamp(max=context_tokens - 1), 0)
+        c_part = p.ids.index_select(0, rows).gather(1, (pos - start).clamp(0, p.ids.shape[1] - 1))
+        ids = torch.where((pos >= start) & (pos < start + cl), c_part, ids)
+        ids = torch.where((pos == start + cl) & (cl > 0), sep, ids)
+        question_part_end = start + torch.where(cl > 0, cl + 1, 0)
+    else:
+        question_part_end = start
     pl = p.lengths.index_select(0, passage_of_pair).unsqueeze(1)
-    end = torch.minimum(ql + pl, torch.full_like(ql, length - 2))  # where the closing [SEP] goes
-    q_part = q.ids.index_select(0, q_of_pair).gather(1, pos.clamp(max=q.ids.shape[1] - 1))
-    p_part = p.ids.index_select(0, passage_of_pair).gather(1, (pos - ql).clamp(0, p.ids.shape[1] - 1))
-    ids = torch.where(pos < ql, q_part, p_part)
-    ids = torch.where(pos == end, torch.full_like(ids, sep_id), ids)
+    end = torch.minimum(question_part_end + pl, torch.full_like(start, length - 2))  # where the closing [SEP] goes
+    p_part = p.ids.index_select(0, passage_of_pair).gather(1, (pos - question_part_end).clamp(0, p.ids.shape[1] - 1))
+    ids = torch.where(pos >= question_part_end, p_part, ids)
+    ids = torch.where(pos == end, sep, ids)
     valid = pos <= end
     ids = torch.where(valid, ids, torch.full_like(ids, pad_id))
-    return ids, valid.to(torch.int64), ((pos >= ql) & valid).to(torch.int64)
+    return ids, valid.to(torch.int64), ((pos >= question_part_end) & valid).to(torch.int64)
+
+
+def chain_context(indices: torch.Tensor) -> torch.Tensor:
+    """Each candidate's context passage in chain-aware pairs ([B, K] -> [B, K], -1: none): the question's top
+    graph candidate, and for that candidate itself the second (a second hop is relevant through the first)."""
+    first = indices[:, :1].expand_as(indices)
+    second = indices[:, 1:2].expand_as(indices) if indices.shape[1] > 1 else torch.full_like(indices, -1)
+    ctx = torch.where(indices == first, second, first)
+    return ctx.masked_fill(indices < 0, -1)
 
 
 def fuse(settings: RerankerSettings, logits: torch.Tensor, graph_scores: torch.Tensor) -> torch.Tensor:
@@ -141,16 +167,18 @@ class Reranker:
     # ----------------------------------------------------------------- scoring
     @torch.inference_mode()
     def pair_logits(self, q: QuestionTokens, p: PassageTokens, q_of_pair: torch.Tensor,
-                    passage_of_pair: torch.Tensor) -> torch.Tensor:
-        """The cross-encoder's logit of each (question, passage) pair, in passes of at most tokens_per_pass."""
+                    passage_of_pair: torch.Tensor, context_of_pair: torch.Tensor | None = None) -> torch.Tensor:
+        """The cross-encoder's logit of each (question, passage) pair, in passes of at most tokens_per_pass
+        (``context_of_pair``: each pair's context passage row, -1 none, for a chain-aware model)."""
         L = self.settings.max_length
         n = q_of_pair.numel()
         per_pass = max(1, self.tokens_per_pass // L)
         out = torch.empty(n, dtype=torch.float32, device=self.device)
         sep = self.tokenizer.sep_token_id
         for s in range(0, n, per_pass):  # passes of a batch (sizes from shapes: no host copy)
+            ctx = None if context_of_pair is None else context_of_pair[s:s + per_pass]
             ids, mask, types = pair_inputs(q, p, q_of_pair[s:s + per_pass], passage_of_pair[s:s + per_pass], L, sep,
-                                           self.tokenizer.pad_token_id or 0)
+                                           self.tokenizer.pad_token_id or 0, ctx, self.settings.context_tokens)
             out[s:s + per_pass] = self.model(ids, mask, types).float()
         return out
 
@@ -162,19 +190,26 @@ class Reranker:
         indices, scores = indices.to(self.device), scores.to(self.device, torch.float32)
         q_of_pair = torch.arange(B, device=self.device).repeat_interleave(K)
         missing = indices < 0
-        logits = self.pair_logits(q, p, q_of_pair, indices.clamp(min=0).reshape(-1)).view(B, K)
+        ctx = chain_context(indices).reshape(-1) if self.settings.context_tokens else None
+        logits = self.pair_logits(q, p, q_of_pair, indices.clamp(min=0).reshape(-1), ctx).view(B, K)
         fused = fuse(self.settings, logits, scores).masked_fill(missing, float("-inf"))
         order = torch.sort(fused, dim=1, descending=True, stable=True).indices
         ranks = torch.arange(K, device=self.device).expand(B, K)
         return Reranked(indices.gather(1, order), fused.gather(1, order), logits.gather(1, order),
                         scores.gather(1, order), ranks.gather(1, order))
 
-    def predict(self, pairs: list[tuple[str, str]]) -> list[float]:
+    def predict(self, pairs: list[tuple[str, str]], contexts: list[str | None] | None = None) -> list[float]:
         """The cross-encoder's logit of each (question, passage text) pair (like sentence-transformers'
-        CrossEncoder.predict)."""
+        CrossEncoder.predict); a chain-aware model reads each pair's context text (None: none) after the
+        question."""
         if not pairs:
             return []
         q = self.question_tokens([a for a, _ in pairs])
-        p = self.tokenize_passages([b for _, b in pairs])
         idx = torch.arange(len(pairs), device=self.device)
-        return self.pair_logits(q, p, idx, idx).tolist()
+        if not (contexts and self.settings.context_tokens):
+            return self.pair_logits(q, self.tokenize_passages([b for _, b in pairs]), idx, idx).tolist()
+        if len(contexts) != len(pairs):
+            raise ValueError(f"{len(contexts)} contexts for {len(pairs)} pairs")
+        p = self.tokenize_passages([b for _, b in pairs] + [c or "" for c in contexts])
+        ctx = torch.tensor([len(pairs) + i if c else -1 for i, c in enumerate(contexts)], device=self.device)
+        return self.pair_logits(q, p, idx, idx, ctx).tolist()

