@@ -208,7 +208,8 @@ class LinearRAG:
     # ------------------------------------------------------------------ querying
     def encode_queries(self, questions: list[str], config: RetrievalConfig | None = None, *,
                        reuse_index_vectors: bool | None = None, timings: dict | None = None) -> EncodedQueries:
-        """Question entities (spaCy NER, plus lexicon matches when config.lexicon_seeds; lower-cased)
+        """Question entities (spaCy NER as config.question_ner says, plus lexicon matches when
+        config.lexicon_seeds; lower-cased)
         and encoding: the input of both backends. An entity string with the tokens of an index entity
         takes its stored vector (``reuse_index_vectors=False`` encodes it again: equal up to ~1e-7;
         None: the attribute rag.reuse_index_vectors, True unless set).
@@ -218,7 +219,7 @@ class LinearRAG:
             check_question(q)
         cfg = config or self.config
         pipe = self.pipeline
-        ents = pipe.entities(questions, cfg.lexicon_seeds, timings)
+        ents = pipe.entities(questions, cfg.lexicon_seeds, timings, cfg.question_ner)
         reuse = self.reuse_index_vectors if reuse_index_vectors is None else reuse_index_vectors
         enc = pipe.encode(questions, ents, reuse, timings)
         if cfg.rerank:  # the reranker's question tokens (host work of the question path, like NER)

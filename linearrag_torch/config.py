@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 
 MODES = ("paper", "reference")
+QUESTION_NER = ("always", "fallback", "off")
 
 
 def _f(default, help: str, **meta):
@@ -48,6 +49,9 @@ class RetrievalConfig:
     ppr_max_iter: int = _f(200, "power-iteration cap")
     adjacent_passages: bool = _f(False, "link passage i to i+1 (only for consecutive chunks of one document)")
     lexicon_seeds: bool = _f(True, "also find question entities by matching the index's entity strings")
+    question_ner: str = _f("always", "spaCy NER on the questions: 'always', 'fallback' (only for questions in which "
+                                     "the lexicon finds no entity) or 'off' (lexicon matches only; needs "
+                                     "lexicon_seeds)", choices=QUESTION_NER)
     use_activation: bool = _f(True, "ablation switch: --no-use-activation keeps the seeds only (no propagation)")
     use_ppr: bool = _f(True, "ablation switch: --no-use-ppr ranks passages by their eq. 7 reset weight")
     # second round following the chain one more hop (chain.py; docs/QUALITY.md)
@@ -104,6 +108,11 @@ class RetrievalConfig:
                 or self.pair_link_max_passages < 1:
             raise ValueError("pair_candidates, pair_rank_weight and pair_link_weight must be >= 0, "
                              "pair_link_max_passages >= 1")
+        if self.question_ner not in QUESTION_NER:
+            raise ValueError(f"question_ner must be one of {QUESTION_NER}, got {self.question_ner!r}")
+        if self.question_ner != "always" and not self.lexicon_seeds:
+            raise ValueError(f"question_ner={self.question_ner!r} leaves question entities to the lexicon: it needs "
+                             "lexicon_seeds")
         if self.rerank_candidates < 1:
             raise ValueError(f"rerank_candidates must be >= 1, got {self.rerank_candidates}")
         if not -1.0 <= self.chain_prior_floor <= 1.0:

@@ -308,3 +308,51 @@ def test_question_path_versions_benchmark_options(small_index_dir, tmp_path):
     assert [r["batch"] for r in res["rows"]] == [32] and all(r["end_to_end_ms"] > 0 for r in res["rows"])
     assert runs["plain"][0]["ner_processes"] == 0
     assert top["indices"] == runs["plain"][1]["indices"] and len(top["indices"]) == len(demo_questions())
+
+
+def test_question_ner_fallback_and_off_use_the_lexicon_first(small_rag, questions):
+    """question_ner: 'always' = NER then lexicon (today's path); 'fallback' = the lexicon's matches, NER only
+    where the lexicon finds nothing; 'off' = the lexicon's matches only (a question without any has none)."""
+    from linearrag_torch.indexing.nlp import question_entities
+
+    pipe = small_rag.pipeline
+    qs = list(questions) + ["zzqx wibble frobnicate?"]  # the last one: nothing the lexicon knows
+    lex = [pipe.lexicon.match(q) for q in qs]
+    ner = question_entities(small_rag.nlp, qs, small_rag.index.index_config.dropped_labels)
+    assert any(lex) and not lex[-1]
+    assert pipe.entities(qs, True) == [list(dict.fromkeys(n + m)) for n, m in zip(ner, lex)]
+    assert pipe.entities(qs, True, ner="off") == [list(dict.fromkeys(m)) for m in lex]
+    assert pipe.entities(qs, True, ner="fallback") == [list(dict.fromkeys(m if m else n)) for n, m in zip(ner, lex)]
+    t = {}
+    cfg = small_rag.config.replace(question_ner="off")
+    enc = small_rag.encode_queries(qs, cfg, timings=t)
+    assert "ner" not in t and enc.entity_owner.tolist() == [i for i, m in enumerate(lex) for _ in dict.fromkeys(m)]
+    assert len(small_rag.retrieve(enc, cfg).indices) == len(qs)
+    with pytest.raises(ValueError, match="needs lexicon_seeds"):
+        small_rag.config.replace(question_ner="off", lexicon_seeds=False)
+    with pytest.raises(ValueError, match="question_ner must be one of"):
+        small_rag.config.replace(question_ner="never")
+
+
+def test_question_ner_benchmark_on_two_small_sets(tmp_path, small_corpus, small_questions, small_rag):
+    from conftest import two_data_folders
+
+    from benchmarks import question_ner as bench
+
+    cache, folders = two_data_folders(tmp_path, small_corpus, small_questions, small_rag)
+    out = tmp_path / "q.json"
+    assert bench.main(["--data", *map(str, folders), "--cache", str(cache), "--batch", "2", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    for folder, qs in zip(folders, (small_questions[:3], small_questions[3:])):
+        got = res["datasets"][folder.name]
+        texts = [q["question"] for q in qs]
+        for ner in ("always", "fallback", "off"):  # each path's recall@10 is the engine's with that setting
+            rows = [[h.row for h in hits] for hits in small_rag.search(texts, top_k=10, question_ner=ner)]
+            gold = [{str(g) for g in q["supporting_ids"]} for q in qs]
+            ids = small_rag.index.passage_ids
+            want = 100 * sum(len(g & {str(ids[r]) for r in row}) / len(g) for row, g in zip(rows, gold)) / len(qs)
+            assert got[ner]["metrics"]["recall@10"] == pytest.approx(want, abs=0.01)
+        assert got["always"]["ner_share"] == 1.0 and got["off"]["ner_share"] == 0.0
+        assert "ner" not in got["off"]["ms_per_question"] and got["off"]["one_core_ceiling_qps"] > 0
+    with pytest.raises(SystemExit):
+        bench.main(["--data", str(tmp_path / "missing")])

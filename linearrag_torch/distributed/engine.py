@@ -562,5 +562,5 @@ def encode_questions(qindex: QuestionIndex, questions: list, cfg: RetrievalConfi
         check_question(q)
     pipe = QuestionPipeline(qindex, nlp or models.load_nlp(qindex.index_config),
                             encoder or models.load_encoder(qindex.index_config, device))
-    enc = pipe.encode(questions, pipe.entities(questions, cfg.lexicon_seeds), True)
+    enc = pipe.encode(questions, pipe.entities(questions, cfg.lexicon_seeds, None, cfg.question_ner), True)
     return EncodedQueries(enc.query_emb, enc.entity_emb, enc.entity_owner, enc.entity_text, enc.entity_rows, None)

@@ -131,20 +131,38 @@ class QuestionPipeline:
         return (hasattr(enc, "token_keys") and hasattr(enc, "encode_token_ids")
                 and getattr(enc, "name", None) == self.index.index_config.encoder)
 
-    def entities(self, questions: Sequence[str], lexicon_seeds: bool, timings: Optional[dict] = None) -> list:
-        """Per question, its distinct lower-cased entity strings: NER first, then lexicon matches."""
+    def entities(self, questions: Sequence[str], lexicon_seeds: bool, timings: Optional[dict] = None,
+                 ner: str = "always") -> list:
+        """Per question, its distinct lower-cased entity strings: NER first, then lexicon matches.
+
+        ``ner`` (RetrievalConfig.question_ner): "always" runs spaCy on every question; "fallback" only on the
+        questions in which the lexicon finds nothing; "off" never (lexicon matches only)."""
         from ..indexing.nlp import question_entities
 
-        with stage(timings, "ner"):
-            dropped = self.index.index_config.dropped_labels
-            if self.ner_pool is not None:
-                ents = self.ner_pool.entities(self.nlp, questions, dropped)
-            else:
-                ents = question_entities(self.nlp, questions, dropped)
+        questions = list(questions)
+        lex = None
         if lexicon_seeds:
             with stage(timings, "lexicon"):
-                lex = self.lexicon
-                ents = [list(dict.fromkeys(es + lex.match(q))) for es, q in zip(ents, questions)]
+                lex = [self.lexicon.match(q) for q in questions]
+        if ner == "always":
+            todo = range(len(questions))
+        elif ner == "fallback" and lex is not None:
+            todo = [i for i, found in enumerate(lex) if not found]
+        elif ner == "off" and lex is not None:
+            todo = []
+        else:
+            raise ValueError(f"question NER {ner!r} with lexicon_seeds={lexicon_seeds}: see RetrievalConfig.question_ner")
+        ents = [[] for _ in questions]
+        if todo:
+            with stage(timings, "ner"):
+                part = [questions[i] for i in todo]
+                dropped = self.index.index_config.dropped_labels
+                found = (self.ner_pool.entities(self.nlp, part, dropped) if self.ner_pool is not None
+                         else question_entities(self.nlp, part, dropped))
+            for i, es in zip(todo, found):
+                ents[i] = es
+        if lex is not None:
+            ents = [list(dict.fromkeys(es + ls)) for es, ls in zip(ents, lex)]
         return ents
 
     def encode(self, questions: Sequence[str], ents: list, reuse_index_vectors: bool = True,
