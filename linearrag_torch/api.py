@@ -11,7 +11,7 @@ import torch
 
 from . import models
 from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig
-from .corpus import check_new_ids, check_question
+from .corpus import check_question
 from .index import TriGraphIndex
 from .queries import EncodedQueries, Retrieved
 from .results import Hit
@@ -82,14 +82,15 @@ class LinearRAG:
         from .indexing.build import build_index
 
         dev = resolve_device(device)
-        passages = models.read_passages(corpus)
-        check_new_ids(passages, (), source=corpus if models.is_path(corpus) else None)
+        passages = models.read_passages(corpus)  # ids checked here, before any model loads
         index_config = index_config or IndexConfig()
         nlp = nlp or models.load_nlp(index_config)
         given = encoder is not None
         encoder = encoder or models.load_encoder(index_config, dev)
+        # the index stays on the CPU, as load() keeps it (the engine copies what it needs to ``dev``), and
+        # save() writes it from there
         index = build_index(passages, index_config, config or RetrievalConfig(), device=str(dev),
-                            progress=progress, nlp=nlp, encoder=encoder)
+                            progress=progress, nlp=nlp, encoder=encoder, ids_checked=True, index_device="cpu")
         # questions in float32 (see __init__) with the same model, unless the caller chose the encoder
         return cls(index, dev, nlp, encoder if given else models.with_precision(encoder, "float32"))
 
@@ -113,10 +114,9 @@ class LinearRAG:
         its line; the index is then unchanged. Two passages with the same text stay two passages."""
         from .indexing.build import add_passages
 
-        passages = models.read_passages(corpus, first_id=self.index.num_passages)
-        check_new_ids(passages, self.index.passage_ids, source=corpus if models.is_path(corpus) else None)
+        passages = models.read_passages(corpus, first_id=self.index.num_passages, existing_ids=self.index.passage_ids)
         self._set_index(add_passages(self.index, passages, progress=progress, nlp=self.nlp,
-                                     encoder=self._passage_encoder()))
+                                     encoder=self._passage_encoder(), ids_checked=True))
         return self
 
     def delete(self, ids) -> "LinearRAG":

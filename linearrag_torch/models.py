@@ -10,17 +10,20 @@ import warnings
 import torch
 
 from .config import IndexConfig
-from .corpus import Passage, as_passages, read_corpus
+from .corpus import Passage, as_passages, check_new_ids, read_corpus
 
 
 def is_path(corpus) -> bool:
     return isinstance(corpus, (str, bytes)) or hasattr(corpus, "__fspath__")
 
 
-def read_passages(corpus, first_id: int = 0) -> list[Passage]:
-    if is_path(corpus):
-        return read_corpus(corpus, first_id=first_id)
-    return as_passages(corpus, first_id=first_id)
+def read_passages(corpus, first_id: int = 0, existing_ids=()) -> list[Passage]:
+    """The passages of ``corpus`` (a JSONL path, or a list of Passage / dicts), their ids checked new: not
+    repeated and not in ``existing_ids`` (corpus.check_new_ids: InputError naming the file's line). The one
+    check of the ids on the way into an index: callers pass ``ids_checked=True`` to build.add_passages."""
+    passages = read_corpus(corpus, first_id=first_id) if is_path(corpus) else as_passages(corpus, first_id=first_id)
+    check_new_ids(passages, existing_ids, source=corpus if is_path(corpus) else None)
+    return passages
 
 
 def load_nlp(cfg: IndexConfig):
