@@ -12,6 +12,7 @@ import torch
 from . import models
 from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig
 from .corpus import check_question
+from .env import resolve_device
 from .index import TriGraphIndex
 from .queries import EncodedQueries, Retrieved
 from .results import Hit
@@ -26,16 +27,6 @@ def _rerank_rows(rr, b: int, index, n: int) -> list[dict]:
     cols = [t[b].tolist() for t in (rr.indices, rr.scores, rr.logits, rr.graph_scores, rr.graph_ranks)]
     return [{"id": index.passage_ids[i], "fused_score": s, "reranker_logit": lg, "graph_score": g, "graph_rank": r + 1}
             for i, s, lg, g, r in list(zip(*cols))[:n] if i >= 0]
-
-
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """"auto" -> CUDA when present, else CPU; anything else is passed to torch.device."""
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but torch sees no CUDA device (use --device cpu or auto)")
-    return dev
 
 
 class LinearRAG:

@@ -9,6 +9,7 @@ import warnings
 
 import torch
 
+from . import env
 from .config import IndexConfig
 from .corpus import Passage, as_passages, check_new_ids, read_corpus
 
@@ -42,9 +43,7 @@ def with_precision(encoder, precision: str):
 def load_question_encoder(cfg: IndexConfig, device, quantize: str | None = None, backend: str = "torch"):
     """The question encoder of an index made with ``cfg``: its model, in float32 whatever the index was
     encoded in, or as ``quantize`` asks, on ``backend`` (LinearRAG.__init__)."""
-    from .indexing.encoding import native_bf16
-
-    if quantize == "bfloat16" and not native_bf16(device):
+    if quantize == "bfloat16" and not env.native_bf16(device):
         warnings.warn(f"quantize='bfloat16': {torch.device(device)} has no native bf16 (AMX-BF16, AVX512-BF16 or CUDA), "
                       f"so the question encoder runs in float32 (emulated bf16 measured 5.8x slower)", RuntimeWarning,
                       stacklevel=3)

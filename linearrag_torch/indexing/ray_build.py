@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from tqdm.auto import tqdm
 
+from .. import env
 from ..config import IndexConfig, RetrievalConfig
 
 if TYPE_CHECKING:  # torch loads where the work starts: `linearrag --help` parses these flags without it
@@ -105,7 +106,7 @@ def connect(address: Optional[str] = None):
     if ray.is_initialized():
         return ray
     kwargs: dict = {"logging_level": logging.WARNING, "log_to_driver": False}
-    starts_local = address == "local" or (address in (None, "") and not os.environ.get("RAY_ADDRESS")
+    starts_local = address == "local" or (address in (None, "") and not env.RAY_ADDRESS.get()
                                            and not _local_cluster_running(ray))
     if starts_local:
         kwargs["include_dashboard"] = False
@@ -436,11 +437,11 @@ def build(corpus, index_config: Optional[IndexConfig] = None, config: Optional[R
     ``corpus``: a JSONL path or a list of Passage / dicts, as for LinearRAG.build. ``device``: where the
     returned LinearRAG answers questions (the index itself is assembled on the CPU). ``timings``: if
     given, receives the seconds of "connect" (Ray and the driver's tokenizer) and of build_index's stages."""
-    from ..api import LinearRAG, resolve_device
+    from ..api import LinearRAG
     from ..models import read_passages
     from .build import build_index
 
-    dev = resolve_device(device)
+    dev = env.resolve_device(device)
     passages = read_passages(corpus)
     index_config = index_config or IndexConfig()
     t0 = time.perf_counter()
