@@ -37,7 +37,7 @@ class LinearRAG:
         """``quantize``: the question encoder. None: float32, exact, and a question's vector does not depend
         on the other questions of its batch beyond float noise (~1e-7), whatever precision the index was
         encoded in (IndexConfig.encoder_precision). "bfloat16": bf16 autocast, where the device has native
-        bf16 (encoding.native_bf16; float32 elsewhere): ~2.4x faster on a CPU with AMX, but a vector then
+        bf16 (env.native_bf16; float32 elsewhere): ~2.4x faster on a CPU with AMX, but a vector then
         depends on its batch by up to ~1e-3 per component (the kernels change with the batch's shape), so
         near-tied passages may swap with the batch. "int8" or "int8-all" (dynamically quantised Linear
         layers, CPU only: faster, vectors within cosine ~0.99 / ~0.98 of the exact ones; see
