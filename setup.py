@@ -17,8 +17,10 @@ EXTRAS = {
     "ray": ["ray[data,serve]>=2.60"],
     # the question encoder on ONNX Runtime (onnx_encoder.py; torch.onnx's exporter writes the file with onnx)
     "onnx": ["onnxruntime>=1.17", "onnx>=1.15"],
-    # the documentation site (mkdocs.yml, docs/): `mkdocs serve`, `mkdocs build --strict`; not in "all"
-    "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],
+    # the documentation site (mkdocs.yml, docs/): `mkdocs serve`, `mkdocs build --strict`; not in "all".
+    # django-static-mathjax: MathJax 3.2.2's files (no dependencies; Django is not needed), served by the site
+    # itself so that its equations render without the network (mkdocs_hooks/mathjax.py)
+    "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26", "django-static-mathjax>=3.2.2"],
 }
 # everything optional that installs from PyPI wheels (torch-scatter compiles, Triton is CI's own pin; docs is a
 # tool for writing the site, not a part of the library)

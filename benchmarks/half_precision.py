@@ -9,7 +9,7 @@ a temporary folder, never changed in place. Each variant is then measured with t
 
     float32          the index as built
     float16 / bf16   the converted index, its vectors kept half on the device where the CPU multiplies that
-                     dtype natively (engine.native_half; the products in that dtype, results float32)
+                     dtype natively (env.native_half; the products in that dtype, results float32)
     *_upcast         the same index with DeviceGraph(upcast=True): float32 in memory, float32 products
 
 and for each: recall@1/2/5/10 (benchmarks.quality's metrics), top-5 agreement with float32, bytes per

@@ -11,7 +11,8 @@ import torch
 
 from . import models
 from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig
-from .corpus import check_new_ids, check_question
+from .corpus import check_question
+from .env import resolve_device
 from .index import TriGraphIndex
 from .queries import EncodedQueries, Retrieved
 from .results import Hit
@@ -28,16 +29,6 @@ def _rerank_rows(rr, b: int, index, n: int) -> list[dict]:
             for i, s, lg, g, r in list(zip(*cols))[:n] if i >= 0]
 
 
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """"auto" -> CUDA when present, else CPU; anything else is passed to torch.device."""
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but torch sees no CUDA device (use --device cpu or auto)")
-    return dev
-
-
 class LinearRAG:
     """A Tri-Graph index on a device, with the spaCy and encoder models that made it."""
 
@@ -46,7 +37,7 @@ class LinearRAG:
         """``quantize``: the question encoder. None: float32, exact, and a question's vector does not depend
         on the other questions of its batch beyond float noise (~1e-7), whatever precision the index was
         encoded in (IndexConfig.encoder_precision). "bfloat16": bf16 autocast, where the device has native
-        bf16 (encoding.native_bf16; float32 elsewhere): ~2.4x faster on a CPU with AMX, but a vector then
+        bf16 (env.native_bf16; float32 elsewhere): ~2.4x faster on a CPU with AMX, but a vector then
         depends on its batch by up to ~1e-3 per component (the kernels change with the batch's shape), so
         near-tied passages may swap with the batch. "int8" or "int8-all" (dynamically quantised Linear
         layers, CPU only: faster, vectors within cosine ~0.99 / ~0.98 of the exact ones; see
@@ -82,14 +73,15 @@ class LinearRAG:
         from .indexing.build import build_index
 
         dev = resolve_device(device)
-        passages = models.read_passages(corpus)
-        check_new_ids(passages, (), source=corpus if models.is_path(corpus) else None)
+        passages = models.read_passages(corpus)  # ids checked here, before any model loads
         index_config = index_config or IndexConfig()
         nlp = nlp or models.load_nlp(index_config)
         given = encoder is not None
         encoder = encoder or models.load_encoder(index_config, dev)
+        # the index stays on the CPU, as load() keeps it (the engine copies what it needs to ``dev``), and
+        # save() writes it from there
         index = build_index(passages, index_config, config or RetrievalConfig(), device=str(dev),
-                            progress=progress, nlp=nlp, encoder=encoder)
+                            progress=progress, nlp=nlp, encoder=encoder, ids_checked=True, index_device="cpu")
         # questions in float32 (see __init__) with the same model, unless the caller chose the encoder
         return cls(index, dev, nlp, encoder if given else models.with_precision(encoder, "float32"))
 
@@ -113,10 +105,9 @@ class LinearRAG:
         its line; the index is then unchanged. Two passages with the same text stay two passages."""
         from .indexing.build import add_passages
 
-        passages = models.read_passages(corpus, first_id=self.index.num_passages)
-        check_new_ids(passages, self.index.passage_ids, source=corpus if models.is_path(corpus) else None)
+        passages = models.read_passages(corpus, first_id=self.index.num_passages, existing_ids=self.index.passage_ids)
         self._set_index(add_passages(self.index, passages, progress=progress, nlp=self.nlp,
-                                     encoder=self._passage_encoder()))
+                                     encoder=self._passage_encoder(), ids_checked=True))
         return self
 
     def delete(self, ids) -> "LinearRAG":

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import __version__
+from . import __version__, env
 from .cli_common import open_index_dir, print_hits, question_items, retrieval_settings, snippet
 from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig, add_flags
 
@@ -359,7 +359,7 @@ def cmd_serve(args) -> int:
         raise ValueError("the Ray Serve settings (--replicas, --autoscale, ...) need --ray")
     open_index_dir(args.index_dir)  # a clear error now for a folder that holds no index
     llm = None
-    if args.llm_base_url or args.llm_model or os.environ.get("LINEARRAG_LLM_BASE_URL"):
+    if args.llm_base_url or args.llm_model or env.LLM_BASE_URL.get():
         from .answers.generation import LLMError, llm_from_args
 
         try:
@@ -424,8 +424,7 @@ def cmd_train_reranker(args) -> int:
 
 
 def main(argv=None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.offline_by_default()
     args = parser().parse_args(argv)
     from .corpus import InputError
     from .retrieval.memory import keep_freed_memory

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 import time
 from pathlib import Path
 
+from . import env
 from .data import sample_corpus_path, sample_questions as demo_questions
 from .index import IndexFormatError
 
@@ -16,7 +16,7 @@ def run_demo(args) -> int:
 
     corpus = sample_corpus_path()
     digest = hashlib.sha256(corpus.read_bytes()).hexdigest()[:12]
-    cache = Path(args.cache or os.environ.get("LINEARRAG_CACHE", Path.home() / ".cache" / "linearrag_torch"))
+    cache = Path(args.cache) if args.cache else env.cache_dir()
     index_dir = cache / f"demo-{digest}"
     rag = None
     if (index_dir / "index.json").exists():

@@ -9,18 +9,22 @@ import warnings
 
 import torch
 
+from . import env
 from .config import IndexConfig
-from .corpus import Passage, as_passages, read_corpus
+from .corpus import Passage, as_passages, check_new_ids, read_corpus
 
 
 def is_path(corpus) -> bool:
     return isinstance(corpus, (str, bytes)) or hasattr(corpus, "__fspath__")
 
 
-def read_passages(corpus, first_id: int = 0) -> list[Passage]:
-    if is_path(corpus):
-        return read_corpus(corpus, first_id=first_id)
-    return as_passages(corpus, first_id=first_id)
+def read_passages(corpus, first_id: int = 0, existing_ids=()) -> list[Passage]:
+    """The passages of ``corpus`` (a JSONL path, or a list of Passage / dicts), their ids checked new: not
+    repeated and not in ``existing_ids`` (corpus.check_new_ids: InputError naming the file's line). The one
+    check of the ids on the way into an index: callers pass ``ids_checked=True`` to build.add_passages."""
+    passages = read_corpus(corpus, first_id=first_id) if is_path(corpus) else as_passages(corpus, first_id=first_id)
+    check_new_ids(passages, existing_ids, source=corpus if is_path(corpus) else None)
+    return passages
 
 
 def load_nlp(cfg: IndexConfig):
@@ -39,9 +43,7 @@ def with_precision(encoder, precision: str):
 def load_question_encoder(cfg: IndexConfig, device, quantize: str | None = None, backend: str = "torch"):
     """The question encoder of an index made with ``cfg``: its model, in float32 whatever the index was
     encoded in, or as ``quantize`` asks, on ``backend`` (LinearRAG.__init__)."""
-    from .indexing.encoding import native_bf16
-
-    if quantize == "bfloat16" and not native_bf16(device):
+    if quantize == "bfloat16" and not env.native_bf16(device):
         warnings.warn(f"quantize='bfloat16': {torch.device(device)} has no native bf16 (AMX-BF16, AVX512-BF16 or CUDA), "
                       f"so the question encoder runs in float32 (emulated bf16 measured 5.8x slower)", RuntimeWarning,
                       stacklevel=3)

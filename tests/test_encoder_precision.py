@@ -11,8 +11,7 @@ import torch
 
 from benchmarks import quality
 from conftest import index_without_setting, small_passages
-from linearrag_torch import LinearRAG
-from linearrag_torch.indexing import encoding as api_encoding
+from linearrag_torch import LinearRAG, env
 from linearrag_torch.indexing.build import build_index
 from linearrag_torch.config import IndexConfig
 from linearrag_torch.corpus import as_passages
@@ -139,7 +138,7 @@ def test_questions_are_float32_and_add_encodes_in_the_index_precision(few, nlp, 
     assert rag.encoder.precision == "float32"  # exact questions: batch-independent (LinearRAG.__init__)
     # quantize="bfloat16": bf16 questions where the CPU has native bf16, float32 (with a warning) elsewhere
     for native in (True, False):
-        monkeypatch.setattr(api_encoding, "native_bf16", lambda device, native=native: native)
+        monkeypatch.setattr(env, "native_bf16", lambda device, native=native: native)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             got = LinearRAG(ix, "cpu", nlp=nlp, quantize="bfloat16").encoder.precision

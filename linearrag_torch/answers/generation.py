@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import random
 import re
 import sqlite3
@@ -31,11 +30,13 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ENV_BASE_URL = "LINEARRAG_LLM_BASE_URL"
-ENV_MODEL = "LINEARRAG_LLM_MODEL"
-ENV_API_KEY = "LINEARRAG_LLM_API_KEY"
-ENV_CACHE = "LINEARRAG_LLM_CACHE"
-DEFAULT_CACHE = Path("~/.cache/linearrag_torch/llm_cache.sqlite")
+from .. import env
+
+ENV_BASE_URL = env.LLM_BASE_URL.name
+ENV_MODEL = env.LLM_MODEL.name
+ENV_API_KEY = env.LLM_API_KEY.name
+ENV_CACHE = env.LLM_CACHE.name
+DEFAULT_CACHE = Path(env.LLM_CACHE.default)
 DEFAULT_TOP_K = 5
 _DEFAULT = object()  # "cache argument not given"
 
@@ -129,7 +130,7 @@ class ChatReply:
 
 def _resolve_cache(cache):
     if cache is _DEFAULT:
-        cache = os.environ.get(ENV_CACHE) or DEFAULT_CACHE
+        cache = env.LLM_CACHE.get()
     if cache is None or cache is False or (isinstance(cache, str) and cache.lower() in ("off", "none", "")):
         return None
     return cache if isinstance(cache, ResponseCache) else ResponseCache(cache)
@@ -157,13 +158,13 @@ class LLM:
                  timeout: float = 60.0, max_retries: int = 4, concurrency: int = 8, temperature: float = 0.0,
                  max_tokens: int | None = 512, cache=_DEFAULT, backoff: float = 1.0, max_backoff: float = 30.0):
         require_gen_extra()  # before any work: `linearrag answer` names the missing extra, not a traceback later
-        self.base_url = base_url or os.environ.get(ENV_BASE_URL) or os.environ.get("OPENAI_BASE_URL")
-        self.model = model or os.environ.get(ENV_MODEL)
+        self.base_url = base_url or env.LLM_BASE_URL.get() or env.OPENAI_BASE_URL.get()
+        self.model = model or env.LLM_MODEL.get()
         if not self.base_url:
             raise LLMError(f"no LLM endpoint: pass --llm-base-url / base_url= or set {ENV_BASE_URL}")
         if not self.model:
             raise LLMError(f"no LLM model: pass --llm-model / model= or set {ENV_MODEL}")
-        self._api_key = api_key or os.environ.get(ENV_API_KEY) or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+        self._api_key = api_key or env.LLM_API_KEY.get() or env.OPENAI_API_KEY.get() or "EMPTY"
         if timeout <= 0 or max_retries < 0 or concurrency < 1:
             raise ValueError("LLM: timeout must be > 0, max_retries >= 0 and concurrency >= 1")
         self.timeout, self.max_retries, self.concurrency = float(timeout), int(max_retries), int(concurrency)

@@ -34,7 +34,8 @@ inside an initialised process group (``Comm(False)`` for one process without tor
 """
 from .comm import Comm
 from .engine import QuestionIndex, ShardedEngine, encode_questions
-from .launch import device_for, init_group, query_job, retrieve_job, run_local
+from ..env import device_for  # the device of a rank (env.py holds the hardware checks)
+from .launch import init_group, query_job, retrieve_job, run_local
 from .shard import Shard, passage_bounds
 
 __all__ = ["Comm", "QuestionIndex", "Shard", "ShardedEngine", "device_for", "encode_questions", "init_group",

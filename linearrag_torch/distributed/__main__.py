@@ -2,11 +2,10 @@
 ``torchrun --nproc-per-node N -m linearrag_torch.distributed INDEX_DIR QUESTION ...``."""
 from __future__ import annotations
 
-import os
-
+from .. import env
 from ..cli import parser
 from ..cli_common import print_hits, question_items, retrieval_settings
-from .launch import device_for, init_group, query_job
+from .launch import init_group, query_job
 
 
 def main(argv=None) -> int:
@@ -15,12 +14,11 @@ def main(argv=None) -> int:
     joins through env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK) and rank 0 prints."""
     import sys
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.offline_by_default()
     args = parser().parse_args(["query", *(sys.argv[1:] if argv is None else argv)])
     items = question_items(args)
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    comm = init_group(rank, world, None, device_for(rank, args.device))
+    rank, world = int(env.RANK.get()), int(env.WORLD_SIZE.get())
+    comm = init_group(rank, world, None, env.device_for(rank, args.device))
     try:
         hits = query_job(comm, args.index_dir, [it["question"] for it in items], retrieval_settings(args), args.top_k,
                          args.batch_size, args.reference_code, args.threads, args.device, args.quantize,

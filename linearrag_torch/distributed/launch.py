@@ -9,22 +9,13 @@ import time
 
 import torch
 
+from .. import env
 from ..cli_common import open_index_dir, print_hits, retrieval_settings
 from ..config import RetrievalConfig
 from ..queries import EncodedQueries, Retrieved
 from .comm import Comm
 from .engine import QuestionIndex, ShardedEngine, encode_questions
 from .shard import Shard
-
-
-def device_for(rank: int, device: str = "auto") -> torch.device:
-    """cuda:(local rank mod GPUs) when CUDA is present (device auto or cuda), else cpu."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        local = int(os.environ.get("LOCAL_RANK", rank))
-        return torch.device("cuda", local % torch.cuda.device_count())
-    return torch.device(device)
 
 
 def init_group(rank: int, world: int, port: int | None = None, device: torch.device = torch.device("cpu"),
@@ -57,7 +48,7 @@ def _local_worker(rank, world, port, device, fn, args, out_q):
     import torch.distributed as td
 
     try:
-        comm = init_group(rank, world, port, device_for(rank, device))
+        comm = init_group(rank, world, port, env.device_for(rank, device))
         out = fn(comm, *args)
         # plain pickle bytes: tensors sent through torch's shared-memory reducers would need this
         # process alive until the parent has read them
@@ -129,7 +120,7 @@ def query_job(comm: Comm, index_dir: str, questions: list, overrides: dict, top_
     from ..retrieval.pipeline import set_threads
 
     set_threads(threads)
-    dev = device_for(comm.rank, device)
+    dev = env.device_for(comm.rank, device)
     index = TriGraphIndex.load(index_dir, device="cpu")
     base = index.retrieval_config
     if reference_code:
@@ -154,29 +145,18 @@ def query_job(comm: Comm, index_dir: str, questions: list, overrides: dict, top_
     return results if comm.rank == 0 else None
 
 
-def _check_device(device: str, shards: int) -> str:
-    dev = "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
-    if dev.startswith("cuda"):
-        n = torch.cuda.device_count()
-        if shards > n:
-            raise ValueError(f"--shards {shards} on CUDA needs {shards} GPUs (NCCL puts one rank on each), "
-                             f"torch sees {n}; use --device cpu (gloo) or fewer shards")
-        return "cuda"
-    return dev
-
-
 def cmd_query_sharded(args, items: list) -> int:
     """`linearrag query INDEX_DIR ... --shards N`: N local processes, rank 0 prints (cli_common.print_hits)."""
     if args.backend != "torch":
         raise ValueError("--shards runs the torch engine; --backend scipy answers in one process")
     open_index_dir(args.index_dir)  # a clear error now for a folder that holds no index
-    device = _check_device(args.device, args.shards)
+    device = env.shards_device(args.device, args.shards)
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.shards)
     try:
         hits = run_local(args.shards, query_job,
                          (str(args.index_dir), [it["question"] for it in items], retrieval_settings(args), args.top_k,
                           args.batch_size, args.reference_code, threads, device, args.quantize, args.encoder_backend),
-                         device=device, timeout_s=float(os.environ.get("LINEARRAG_SHARD_TIMEOUT", 3600)))[0]
+                         device=device, timeout_s=float(env.SHARD_TIMEOUT.get()))[0]
     except RuntimeError as exc:
         raise ValueError(str(exc).splitlines()[0]) from None
     print_hits(items, hits, args.json)
@@ -186,7 +166,7 @@ def cmd_query_sharded(args, items: list) -> int:
 def retrieve_job(comm: Comm, index, queries: EncodedQueries, configs: list, device: str = "cpu") -> list:
     """One rank: shard ``index`` (the whole TriGraphIndex, pickled to every rank) and retrieve ``queries``
     under each config; returns the Retrieved list (CPU tensors; every rank gets the same)."""
-    shard = Shard.build(index, comm.rank, comm.world, device_for(comm.rank, device))
+    shard = Shard.build(index, comm.rank, comm.world, env.device_for(comm.rank, device))
     engine = ShardedEngine(shard, comm)
     out = []
     for cfg in configs:

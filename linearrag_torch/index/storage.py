@@ -31,12 +31,13 @@ from pathlib import Path
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from .. import env
 from ..config import IndexConfig, RetrievalConfig
 from . import upgrade
 from .errors import IndexFormatError
 from .layout import FORMAT, FORMAT_VERSION, REQUIRED_TENSORS, STRINGS
 
-PAUSE_ENV = "LINEARRAG_TEST_PAUSE_BEFORE_COMMIT"
+PAUSE_ENV = env.TEST_PAUSE_BEFORE_COMMIT.name
 
 
 def write(path: Path, tensors: dict, strings: dict, fields: dict) -> None:
@@ -56,7 +57,7 @@ def write(path: Path, tensors: dict, strings: dict, fields: dict) -> None:
     tmp.write_text(json.dumps(meta, indent=1), encoding="utf-8")
     fsync(tmp)
     fsync_dir(path)  # the new files' folder entries are durable before index.json points at them
-    pause = os.environ.get(PAUSE_ENV)
+    pause = env.TEST_PAUSE_BEFORE_COMMIT.get()
     if pause:
         print(f"linearrag: {PAUSE_ENV}: pausing {pause} s before replacing {path / 'index.json'}",
               file=sys.stderr, flush=True)

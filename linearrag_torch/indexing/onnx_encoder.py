@@ -24,14 +24,15 @@ from pathlib import Path
 
 import torch
 
+from .. import env
+
 EXPORT_VERSION = 1  # bump when the export changes: old files are then exported again
 PROBE_TOLERANCE = 1e-4  # largest |onnx - torch| of a hidden state accepted from a fresh export
 EXTRA_HINT = 'pip install -e ".[onnx]" (onnxruntime and onnx)'
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("LINEARRAG_CACHE")
-    return Path(root) / "onnx" if root else Path.home() / ".cache" / "linearrag_torch" / "onnx"
+    return env.cache_dir() / "onnx"
 
 
 def _runtime():

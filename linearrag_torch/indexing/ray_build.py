@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from tqdm.auto import tqdm
 
+from .. import env
 from ..config import IndexConfig, RetrievalConfig
 
 if TYPE_CHECKING:  # torch loads where the work starts: `linearrag --help` parses these flags without it
@@ -105,7 +106,7 @@ def connect(address: Optional[str] = None):
     if ray.is_initialized():
         return ray
     kwargs: dict = {"logging_level": logging.WARNING, "log_to_driver": False}
-    starts_local = address == "local" or (address in (None, "") and not os.environ.get("RAY_ADDRESS")
+    starts_local = address == "local" or (address in (None, "") and not env.RAY_ADDRESS.get()
                                            and not _local_cluster_running(ray))
     if starts_local:
         kwargs["include_dashboard"] = False
@@ -436,14 +437,12 @@ def build(corpus, index_config: Optional[IndexConfig] = None, config: Optional[R
     ``corpus``: a JSONL path or a list of Passage / dicts, as for LinearRAG.build. ``device``: where the
     returned LinearRAG answers questions (the index itself is assembled on the CPU). ``timings``: if
     given, receives the seconds of "connect" (Ray and the driver's tokenizer) and of build_index's stages."""
-    from ..api import LinearRAG, resolve_device
-    from ..models import is_path, read_passages
+    from ..api import LinearRAG
+    from ..models import read_passages
     from .build import build_index
-    from ..corpus import check_new_ids
 
-    dev = resolve_device(device)
+    dev = env.resolve_device(device)
     passages = read_passages(corpus)
-    check_new_ids(passages, (), source=corpus if is_path(corpus) else None)
     index_config = index_config or IndexConfig()
     t0 = time.perf_counter()
     session = _Session(options, progress)
@@ -451,19 +450,18 @@ def build(corpus, index_config: Optional[IndexConfig] = None, config: Optional[R
     if timings is not None:
         timings["connect"] = time.perf_counter() - t0
     index = build_index(passages, index_config, config or RetrievalConfig(), device="cpu", progress=progress,
-                        encoder=encoder, analyse=session.analyse(index_config, progress), timings=timings)
+                        encoder=encoder, analyse=session.analyse(index_config, progress), timings=timings,
+                        ids_checked=True)
     return LinearRAG(index, dev)
 
 
 def add(rag, corpus, options: Optional[RayOptions] = None, progress: bool = True, timings: Optional[dict] = None):
     """rag.add(corpus) with NER and encoding on a Ray cluster; returns ``rag`` (call rag.save() to write).
     ``timings``: as for build()."""
-    from ..models import is_path, read_passages
+    from ..models import read_passages
     from .build import add_passages
-    from ..corpus import check_new_ids
 
-    passages = read_passages(corpus, first_id=rag.index.num_passages)
-    check_new_ids(passages, rag.index.passage_ids, source=corpus if is_path(corpus) else None)
+    passages = read_passages(corpus, first_id=rag.index.num_passages, existing_ids=rag.index.passage_ids)
     cfg = rag.index.index_config
     t0 = time.perf_counter()
     session = _Session(options, progress)
@@ -471,7 +469,7 @@ def add(rag, corpus, options: Optional[RayOptions] = None, progress: bool = True
     if timings is not None:
         timings["connect"] = time.perf_counter() - t0
     rag._set_index(add_passages(rag.index, passages, progress=progress, encoder=encoder,
-                                analyse=session.analyse(cfg, progress), timings=timings))
+                                analyse=session.analyse(cfg, progress), timings=timings, ids_checked=True))
     return rag
 
 

@@ -19,7 +19,9 @@ import os
 
 import torch
 
-KERNELS_ENV = "LINEARRAG_KERNELS"  # auto | torch | triton
+from .. import env
+
+KERNELS_ENV = env.KERNELS.name  # auto | torch | triton
 SCIPY_CSR = True  # sparse.Csr: scipy's counting-sort conversions for CPU tensors (see use_scipy_csr)
 
 
@@ -46,7 +48,7 @@ def torch_scatter_available() -> bool:
 
 def kernels_setting() -> str:
     """The value of ``LINEARRAG_KERNELS`` (``auto`` when unset)."""
-    return os.environ.get(KERNELS_ENV, "auto")
+    return env.KERNELS.get()
 
 
 def use_triton(t: torch.Tensor) -> bool:
@@ -56,7 +58,7 @@ def use_triton(t: torch.Tensor) -> bool:
         return False
     if t.is_cuda:
         return triton_available()
-    return mode == "triton" and os.environ.get("TRITON_INTERPRET") == "1" and triton_available()
+    return mode == "triton" and env.TRITON_INTERPRET.get() == "1" and triton_available()
 
 
 def use_torch_scatter(t: torch.Tensor) -> bool:

@@ -84,7 +84,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import sys
 
-    from ..api import resolve_device
+    from ..env import resolve_device
     from .train import mine, mining_questions, read_training_file, train
 
     cfg = TrainConfig(epochs=args.epochs, seed=args.seed, lr=args.lr, negatives=args.negatives,

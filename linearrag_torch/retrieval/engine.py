@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import kernels
+from ..env import native_half
 from .activation import (Activation, ActivePairs, NearestMemo, dense_seeds, propagate_paper, propagate_reference_pairs,
                          seed_pairs)
 from ..config import RetrievalConfig
@@ -36,26 +37,6 @@ from .sparse import ColumnEntries
 BYTES_PER_PASSAGE = 32
 BYTES_PER_WALK_ROW = 16
 BYTES_PER_ENTITY_PAPER = 32
-
-
-def native_half(dtype: torch.dtype, device) -> bool:
-    """Whether ``device`` multiplies ``dtype`` (float16 / bfloat16) natively, as fast as float32 or faster:
-    CUDA (bfloat16 where supported), a CPU with AMX-BF16 or AVX512-BF16 for bfloat16 and with AVX512-FP16
-    or AMX-FP16 for float16. Elsewhere torch emulates it, slower than float32."""
-    if dtype == torch.bfloat16:
-        from ..indexing.encoding import native_bf16  # the encoder's autocast asks the same question
-
-        return native_bf16(device)
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return dtype == torch.float16
-    if dev.type != "cpu":
-        return False
-    try:
-        caps = torch.cpu.get_capabilities()
-    except (AttributeError, RuntimeError):  # older torch
-        return False
-    return any(bool(caps.get(f)) for f in ("amx_fp16", "avx512_fp16"))
 
 
 def query_embeddings(emb: torch.Tensor, device, upcast: bool | None = None) -> torch.Tensor:

@@ -20,11 +20,12 @@ The ``linearrag`` command and the benchmarks call it; a library user who owns th
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
 import time
 
-MEMORY_BUDGET_ENV = "LINEARRAG_MEMORY_BUDGET"
+from .. import env
+
+MEMORY_BUDGET_ENV = env.MEMORY_BUDGET.name
 
 
 def parse_bytes(text: str) -> int:
@@ -37,8 +38,9 @@ def parse_bytes(text: str) -> int:
 def default_memory_budget(device) -> int:
     """The working memory a batch may use: $LINEARRAG_MEMORY_BUDGET if set, else on CUDA half the free
     device memory, on CPU a quarter of the available RAM capped at 4 GiB."""
-    if os.environ.get(MEMORY_BUDGET_ENV):
-        return parse_bytes(os.environ[MEMORY_BUDGET_ENV])
+    budget = env.MEMORY_BUDGET.get()
+    if budget:
+        return parse_bytes(budget)
     import torch
 
     device = torch.device(device)

@@ -18,17 +18,17 @@ several batches to accumulate). Nothing here is shared between threads; one call
 """
 from __future__ import annotations
 
-import os
 import time
 from contextlib import contextmanager
 from typing import Optional, Sequence
 
 import torch
 
+from .. import env
 from ..queries import EncodedQueries
 
 STAGES = ("ner", "lexicon", "encoder", "graph")
-THREADS_ENV = "LINEARRAG_THREADS"
+THREADS_ENV = env.THREADS.name
 
 
 def set_threads(n: Optional[int] = None) -> int:
@@ -40,8 +40,8 @@ def set_threads(n: Optional[int] = None) -> int:
     question batch measured 5-10x slower on 2 shared cores with 2 threads than with 1 (docs/tuning.md,
     "Question throughput"). On shared cores use 1 thread, or OMP_WAIT_POLICY=PASSIVE in the
     environment of the process (read when torch loads)."""
-    if n is None and os.environ.get(THREADS_ENV):
-        n = int(os.environ[THREADS_ENV])
+    if n is None and env.THREADS.get():
+        n = int(env.THREADS.get())
     if n is not None:
         if n < 1:
             raise ValueError(f"threads must be >= 1, got {n}")

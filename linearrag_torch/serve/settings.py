@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 from dataclasses import dataclass, fields
 
+from .. import env
 from ..config import ENCODER_BACKENDS, _f
 from ..config import add_flags as _add_setting_flags
 
-API_KEY_ENV = "LINEARRAG_API_KEY"
+API_KEY_ENV = env.API_KEY.name
 
 
 @dataclass
@@ -61,7 +61,7 @@ class ServeSettings:
 
     def __post_init__(self) -> None:
         if self.api_key is None:
-            self.api_key = os.environ.get(API_KEY_ENV) or None
+            self.api_key = env.API_KEY.get()
         for name in ("max_batch_size", "max_concurrent", "max_body_bytes", "max_questions", "max_question_chars",
                      "max_top_k"):
             if getattr(self, name) < 1:

@@ -1,0 +1,101 @@
+"""env.py: every environment variable the package reads is in its table, read through it, and listed in the
+docs; the hardware checks and their old import paths."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from linearrag_torch import env
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "linearrag_torch"
+# read the environment themselves: the HTTP client (torch-free, its own module; LINEARRAG_API_KEY is in the table)
+# and kernels_mode, which sets LINEARRAG_KERNELS for a block
+OWN_READERS = {"env.py", "client.py", "kernels/backends.py"}
+
+
+def _sources():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield path.relative_to(PACKAGE).as_posix(), path.read_text(encoding="utf-8")
+
+
+def test_every_linearrag_variable_named_in_the_package_is_in_the_table():
+    names = {v.name for v in env.VARIABLES}
+    used = {m for _, text in _sources() for m in re.findall(r"\bLINEARRAG_[A-Z_]*[A-Z]\b", text)}  # not LINEARRAG_LLM_*
+    assert used and used <= names, sorted(used - names)
+    assert len(names) == len(env.VARIABLES)
+
+
+def test_only_env_reads_the_environment():
+    readers = {rel for rel, text in _sources() if re.search(r"os\.environ|os\.getenv|getenv\(", text)}
+    assert readers <= OWN_READERS, sorted(readers - OWN_READERS)
+
+
+def test_the_docs_table_is_the_generated_one():
+    page = (ROOT / "docs" / "environment.md").read_text(encoding="utf-8")
+    assert env.markdown_table() in page, "docs/environment.md: paste `python -m linearrag_torch.env` into the table"
+
+
+def test_get_reads_the_value_else_the_default(monkeypatch):
+    monkeypatch.setenv(env.KERNELS.name, "torch")
+    assert env.KERNELS.get() == "torch"
+    monkeypatch.setenv(env.KERNELS.name, "")  # empty counts as unset
+    assert env.KERNELS.get() == "auto"
+    monkeypatch.delenv(env.MEMORY_BUDGET.name, raising=False)
+    assert env.MEMORY_BUDGET.get() is None
+    monkeypatch.setenv(env.CACHE.name, "/tmp/somewhere")
+    assert env.cache_dir() == Path("/tmp/somewhere")
+    monkeypatch.delenv(env.CACHE.name)
+    assert env.cache_dir() == Path.home() / ".cache" / "linearrag_torch"
+
+
+def test_offline_by_default_keeps_a_value_that_is_set(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "0")
+    env.offline_by_default()
+    import os
+
+    assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ["TRANSFORMERS_OFFLINE"] == "0"
+
+
+def test_old_import_paths_are_the_same_functions():
+    import linearrag_torch
+    from linearrag_torch import api, distributed
+    from linearrag_torch.answers import generation
+    from linearrag_torch.index import PAUSE_ENV
+    from linearrag_torch.indexing import encoding
+    from linearrag_torch.kernels import backends
+    from linearrag_torch.retrieval import engine, memory, pipeline
+    from linearrag_torch.serve import settings
+
+    assert linearrag_torch.resolve_device is api.resolve_device is env.resolve_device
+    assert engine.native_half is env.native_half and encoding.native_bf16 is env.native_bf16
+    assert distributed.device_for is env.device_for
+    assert (memory.MEMORY_BUDGET_ENV, pipeline.THREADS_ENV, backends.KERNELS_ENV, settings.API_KEY_ENV, PAUSE_ENV,
+            generation.ENV_CACHE) == (env.MEMORY_BUDGET.name, env.THREADS.name, env.KERNELS.name, env.API_KEY.name,
+                                      env.TEST_PAUSE_BEFORE_COMMIT.name, env.LLM_CACHE.name)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answers of a machine without CUDA")
+def test_devices_without_cuda():
+    assert env.resolve_device("auto") == torch.device("cpu") == env.resolve_device("cpu")
+    with pytest.raises(ValueError, match="no CUDA device"):
+        env.resolve_device("cuda")
+    assert env.device_for(3, "auto") == torch.device("cpu")
+    assert env.shards_device("auto", 4) == "cpu"
+    with pytest.raises(ValueError, match="--shards 2 on CUDA needs 2 GPUs"):
+        env.shards_device("cuda:0", 2)
+    assert env.native_bf16("cuda") is False
+
+
+def test_native_arithmetic_follows_the_cpu_capabilities(monkeypatch):
+    caps = {"amx_bf16": False, "avx512_bf16": True, "amx_fp16": False, "avx512_fp16": False}
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+    assert env.native_bf16("cpu") and env.native_half(torch.bfloat16, "cpu")
+    assert not env.native_half(torch.float16, "cpu")
+    caps["amx_fp16"] = True
+    assert env.native_half(torch.float16, "cpu")
+    assert env.native_half(torch.float16, "meta") is False and env.native_bf16("meta") is False
