@@ -23,13 +23,11 @@ measurements and the choice of the settings.
 """
 from __future__ import annotations
 
-import itertools
-
 import torch
 
 from ..config import RetrievalConfig
 from ..kernels import segment_positions
-from ..queries import EncodedQueries, Retrieved
+from ..queries import Retrieved
 
 
 def enabled(cfg: RetrievalConfig) -> bool:
@@ -64,21 +62,17 @@ def candidate_entities(C_crow, C_col, linking: torch.Tensor, cand: torch.Tensor)
 def linked(question: torch.Tensor, slot: torch.Tensor, entity: torch.Tensor, B: int, N: int) -> torch.Tensor:
     """[B, N, N] bool: slots i != j of question b hold passages sharing an entity, from the (question, slot,
     entity) triples of candidate_entities (each triple once)."""
-    out = torch.zeros((B, N, N), dtype=torch.bool, device=slot.device)
-    if entity.numel() == 0:
-        return out
-    E = int(entity.max()) + 1
-    key = question * E + entity
-    order = torch.argsort(key, stable=True)
-    key, slot, question = key[order], slot[order], question[order]
-    for off in range(1, N):  # a (question, entity) group holds at most N slots
-        same = key[:-off] == key[off:]
-        if not bool(same.any()):
-            break
-        b, i, j = question[:-off][same], slot[:-off][same], slot[off:][same]
-        out[b, i, j] = True
-        out[b, j, i] = True
-    return out
+    out = torch.zeros(B * N * N, dtype=torch.int32, device=slot.device)
+    if entity.numel():
+        # grouped by (question, entity); slot order inside a group does not matter
+        order = torch.argsort(entity, stable=True)
+        order = order[torch.argsort(question[order], stable=True)]
+        question, entity, slot = question[order], entity[order], slot[order]
+        for off in range(1, N):  # a (question, entity) group holds at most N slots: its pairs lie < N apart
+            same = ((question[:-off] == question[off:]) & (entity[:-off] == entity[off:])).to(torch.int32)
+            b, i, j = question[:-off], slot[:-off], slot[off:]
+            out.index_add_(0, (b * N + i) * N + j, same).index_add_(0, (b * N + j) * N + i, same)
+    return (out > 0).view(B, N, N)
 
 
 def rerank(out: Retrieved, query_emb: torch.Tensor, cand_emb: torch.Tensor, link: torch.Tensor,
@@ -92,7 +86,7 @@ def rerank(out: Retrieved, query_emb: torch.Tensor, cand_emb: torch.Tensor, link
     if N < 2 or B == 0:
         return out
     dev = idx.device
-    pi, pj = (torch.tensor(x, dtype=torch.int64, device=dev) for x in zip(*itertools.combinations(range(N), 2)))
+    pi, pj = torch.triu_indices(N, N, offset=1, device=dev)  # the pairs i < j in the order (0, 1), (0, 2), ...
     q = query_emb.to(dev, torch.float32)
     v = cand_emb.to(dev, torch.float32)
     s = scores[:, :N].to(torch.float32)
@@ -116,13 +110,6 @@ def rerank(out: Retrieved, query_emb: torch.Tensor, cand_emb: torch.Tensor, link
     order = torch.argsort(rank, dim=1)
     order = torch.where(use[:, None], order, cols)
     return Retrieved(torch.gather(idx, 1, order), torch.gather(scores, 1, order))
-
-
-def has_entities(queries: EncodedQueries) -> torch.Tensor:
-    """[B] bool: the questions with at least one entity (the others are answered by dense retrieval)."""
-    active = torch.zeros(queries.batch_size, dtype=torch.bool)
-    active[queries.entity_owner.cpu()] = True
-    return active
 
 
 def ranks_before(before: Retrieved, after: Retrieved) -> list:
