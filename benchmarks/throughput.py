@@ -35,9 +35,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from benchmarks.common import tile_queries  # noqa: E402
+
 from linearrag_torch import LinearRAG  # noqa: E402
 from linearrag_torch.corpus import read_questions  # noqa: E402
-from linearrag_torch.queries import EncodedQueries  # noqa: E402
 from linearrag_torch.retrieval import engine  # noqa: E402
 from linearrag_torch.retrieval.pipeline import STAGES, StageTimings  # noqa: E402
 
@@ -72,17 +73,6 @@ def measure(rag: LinearRAG, questions: list, batch: int, n: int, repeat: int, cl
     return {c: 1000.0 * best.get(c, 0.0) / n for c in COLUMNS}
 
 
-def tile(enc: EncodedQueries, n: int) -> EncodedQueries:
-    """n questions: those of ``enc`` repeated as often as needed (question i is question i mod B)."""
-    B = enc.batch_size
-    reps = -(-n // B)
-    rows = None if enc.entity_rows is None else enc.entity_rows.repeat(reps)
-    big = EncodedQueries(enc.query_emb.repeat(reps, 1), enc.entity_emb.repeat(reps, 1),
-                         torch.cat([enc.entity_owner + c * B for c in range(reps)]), list(enc.entity_text) * reps,
-                         rows, enc.rows_of)
-    return big if reps * B == n else big.slice(0, n)
-
-
 def measure_graph(rag: LinearRAG, questions: list, batches: list, repeat: int, min_questions: int,
                   clock: str = "wall") -> list:
     """The graph stage alone (rag.retrieve on encoded questions) per batch size: ms per question over
@@ -94,7 +84,7 @@ def measure_graph(rag: LinearRAG, questions: list, batches: list, repeat: int, m
     rows = []
     for b in batches:
         n = max(b, min_questions)
-        pool = tile(encoded, n)
+        pool = tile_queries(encoded, n)
         chunks = [pool.slice(s, min(s + b, n)) for s in range(0, n, b)]
         rag.retrieve(chunks[0], cfg)  # warm-up at this batch size
         best = None
