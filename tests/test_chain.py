@@ -284,3 +284,22 @@ def test_torch_and_scipy_agree_with_the_later_round_prior(floor, bridge):
     # the prior changes the later round's scores (else this would test nothing)
     off = retrieve(DeviceGraph(index), queries, cfg.replace(chain_prior_floor=-1.0, chain_bridge_prior=False))
     assert not torch.allclose(off.scores, got.scores)
+
+
+def test_pair_cosines_are_each_pairs_own():
+    """chain.pair_cosines: each (question, sentence) pair's dot product (float64 check), the same bits for a
+    question alone as in its batch; half-precision sentence vectors give float32 values too."""
+    from linearrag_torch.retrieval.chain import pair_cosines
+
+    g = torch.Generator().manual_seed(3)
+    sent_emb, q = torch.randn(40, 8, generator=g), torch.randn(5, 8, generator=g)
+    b = torch.tensor([0, 0, 0, 2, 2, 3, 4, 4, 4, 4])  # sorted by question; question 1 has no pair
+    s = torch.tensor([3, 7, 39, 3, 7, 0, 1, 3, 7, 20])
+    want = (sent_emb.double()[s] * q.double()[b]).sum(1)
+    got = pair_cosines(sent_emb, q, s, b)
+    assert got.dtype == torch.float32 and torch.allclose(got.double(), want, atol=1e-5)
+    alone = pair_cosines(sent_emb, q[4:], s[b == 4], torch.zeros(4, dtype=torch.int64))
+    assert torch.equal(alone, got[b == 4])
+    half = pair_cosines(sent_emb.half(), q, s, b)
+    assert half.dtype == torch.float32 and torch.allclose(half.double(), want, atol=2e-2)
+    assert pair_cosines(sent_emb, q, s[:0], b[:0]).numel() == 0
