@@ -145,10 +145,12 @@ class DeviceGraph:
 
     def passage_cosines(self, query_emb: torch.Tensor) -> torch.Tensor:
         """cosines(passage_emb, query_emb) [P, B]; within keeping_last the last answer is kept and given again for
-        equal question vectors (then shared: callers do not write to it)."""
+        equal question vectors (then shared: callers do not write to it). A chain's later round passes the same
+        tensor again, which is recognised without comparing values (a read on the host)."""
         last = self._last_cosines
-        if last is not None and last[0].shape == query_emb.shape and last[0].device == query_emb.device \
-                and torch.equal(last[0], query_emb):
+        if last is not None and (last[0] is query_emb or (last[0].shape == query_emb.shape and
+                                                         last[0].device == query_emb.device and
+                                                         torch.equal(last[0], query_emb))):
             return last[1]
         sim = cosines(self.passage_emb, query_emb)
         self._last_cosines = (query_emb, sim) if self._keep else None
