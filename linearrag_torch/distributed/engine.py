@@ -416,10 +416,11 @@ class ShardedEngine:
         dev = self.shard.device
         with_entities = queries.has_entities().to(dev)
         used = torch.zeros((queries.batch_size, 0), dtype=torch.int64, device=dev)
-        seeds = chain.ChainSeeds.empty(dev)
+        seeds = None  # the chain seeds of the rounds so far (as in chain.chain_retrieve)
         for r in range(1, cfg.chain_rounds + 1):
             source, used = chain.chain_sources(Retrieved(cur.indices.to(dev), cur.scores), with_entities, used, cfg)
-            seeds = seeds.union(self._chain_seeds(queries, cur, source, cfg), self.shard.num_entities)
+            new = self._chain_seeds(queries, cur, source, cfg)
+            seeds = new if seeds is None else seeds.union(new, self.shard.num_entities)
             q2 = dataclasses.replace(self._second_round_queries(queries, seeds), prior=self._prior(queries, seeds, cfg))
             cur = self._one_round(q2, later.replace(top_k=depth))
             out = chain.merge(out, cur, r * cfg.chain_keep, depth)

@@ -323,7 +323,8 @@ def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, 
     cfg.pair_candidates >= 2 in reference mode, the first two places hold the best pair (pairs.py); with
     cfg.rerank, the learned reranker reorders the first cfg.rerank_candidates (rerank_stage.py).
     Runs under torch.inference_mode and returns ordinary tensors (in_inference_mode). A traced batch counts
-    its host reads and torch calls (Trace.host_reads, Trace.torch_calls).
+    its host reads and torch calls (Trace.host_reads, Trace.torch_calls; the count sees every torch call from
+    Python, which with the trace's own work makes a traced call some 40% slower on the CPU).
     """
     from . import pairs, rerank_stage
     from .chain import chain_retrieve, enabled as chain_enabled
