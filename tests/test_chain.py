@@ -303,3 +303,18 @@ def test_pair_cosines_are_each_pairs_own():
     half = pair_cosines(sent_emb.half(), q, s, b)
     assert half.dtype == torch.float32 and torch.allclose(half.double(), want, atol=2e-2)
     assert pair_cosines(sent_emb, q, s[:0], b[:0]).numel() == 0
+
+
+def test_pair_cosines_without_the_sampled_product(monkeypatch):
+    """A torch or device without torch.sparse.sampled_addmm: the row products of kernels.gather_sigma."""
+    from linearrag_torch.kernels import gather_sigma
+    from linearrag_torch.retrieval.chain import pair_cosines
+
+    def missing(*args, **kwargs):
+        raise NotImplementedError("sampled_addmm")
+
+    monkeypatch.setattr(torch.sparse, "sampled_addmm", missing)
+    g = torch.Generator().manual_seed(4)
+    sent_emb, q = torch.randn(30, 8, generator=g), torch.randn(3, 8, generator=g)
+    s, b = torch.tensor([1, 5, 2, 9]), torch.tensor([0, 0, 2, 2])
+    assert torch.equal(pair_cosines(sent_emb, q, s, b), gather_sigma((sent_emb, q), s, b))

@@ -284,18 +284,21 @@ def pair_cosines(sentence_emb: torch.Tensor, query_emb: torch.Tensor, sent: torc
     """<sentence_emb[sent[i]], query_emb[question[i]]> as float32 for (question, sentence) pairs sorted by
     question: one sampled product of [B, D] and [D, S] on the pairs' pattern (torch.sparse.sampled_addmm, each
     pair's own dot product whatever the other pairs, so a question's values do not depend on its batch; 5x
-    faster than gathering both rows per pair at 38,000 pairs on the CPU). Half-precision sentence vectors:
-    kernels.gather_sigma (products of the rows widened to float32)."""
-    if sentence_emb.dtype != torch.float32 or sent.numel() == 0:
-        return gather_sigma((sentence_emb, query_emb), sent, question).float()
-    B = query_emb.shape[0]
-    crow = torch.zeros(B + 1, dtype=torch.int64, device=sent.device)
-    torch.cumsum(torch.bincount(question, minlength=B), 0, out=crow[1:])
-    with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state", invariant checks off
-        warnings.simplefilter("ignore", UserWarning)
-        pattern = torch.sparse_csr_tensor(crow, sent, torch.zeros(sent.numel(), device=sent.device),
-                                          size=(B, sentence_emb.shape[0]))
-        return torch.sparse.sampled_addmm(pattern, query_emb, sentence_emb.T, beta=0.0).values()
+    faster than gathering both rows per pair at 38,000 pairs on the CPU). Half-precision sentence vectors, or a
+    torch or device without that product: kernels.gather_sigma (products of the rows widened to float32)."""
+    if sentence_emb.dtype == torch.float32 and sent.numel():
+        B = query_emb.shape[0]
+        crow = torch.zeros(B + 1, dtype=torch.int64, device=sent.device)
+        torch.cumsum(torch.bincount(question, minlength=B), 0, out=crow[1:])
+        with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state", invariant checks off
+            warnings.simplefilter("ignore", UserWarning)
+            pattern = torch.sparse_csr_tensor(crow, sent, torch.zeros(sent.numel(), device=sent.device),
+                                              size=(B, sentence_emb.shape[0]))
+            try:
+                return torch.sparse.sampled_addmm(pattern, query_emb, sentence_emb.T, beta=0.0).values()
+            except (RuntimeError, NotImplementedError):
+                pass
+    return gather_sigma((sentence_emb, query_emb), sent, question).float()
 
 
 def merge(first: Retrieved, second: Retrieved, keep: int, k: int) -> Retrieved:
