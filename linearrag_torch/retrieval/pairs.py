@@ -63,15 +63,25 @@ def linked(question: torch.Tensor, slot: torch.Tensor, entity: torch.Tensor, B: 
     """[B, N, N] bool: slots i != j of question b hold passages sharing an entity, from the (question, slot,
     entity) triples of candidate_entities (each triple once)."""
     out = torch.zeros(B * N * N, dtype=torch.int32, device=slot.device)
-    if entity.numel():
-        # grouped by (question, entity); slot order inside a group does not matter
+    n = entity.numel()
+    if n:
+        # the triples grouped by (question, entity): a group holds at most N slots, laid out as a row of a
+        # [groups, N] table (-1: none); every two slots of a row are linked
         order = torch.argsort(entity, stable=True)
         order = order[torch.argsort(question[order], stable=True)]
         question, entity, slot = question[order], entity[order], slot[order]
-        for off in range(1, N):  # a (question, entity) group holds at most N slots: its pairs lie < N apart
-            same = ((question[:-off] == question[off:]) & (entity[:-off] == entity[off:])).to(torch.int32)
-            b, i, j = question[:-off], slot[:-off], slot[off:]
-            out.index_add_(0, (b * N + i) * N + j, same).index_add_(0, (b * N + j) * N + i, same)
+        starts = torch.ones(n, dtype=torch.bool, device=slot.device)
+        starts[1:] = (question[1:] != question[:-1]) | (entity[1:] != entity[:-1])
+        group = torch.cumsum(starts, 0) - 1
+        first = torch.nonzero(starts).flatten()  # each group's first triple
+        table = torch.full((first.numel(), N), -1, dtype=torch.int64, device=slot.device)
+        table[group, torch.arange(n, device=slot.device) - first[group]] = slot
+        pi, pj = torch.triu_indices(N, N, offset=1, device=slot.device)
+        i, j = table[:, pi], table[:, pj]  # [groups, pairs]
+        both = ((i >= 0) & (j >= 0)).to(torch.int32)
+        base = question[first][:, None] * N
+        out.index_add_(0, ((base + i.clamp(min=0)) * N + j.clamp(min=0)).flatten(), both.flatten())
+        out.index_add_(0, ((base + j.clamp(min=0)) * N + i.clamp(min=0)).flatten(), both.flatten())
     return (out > 0).view(B, N, N)
 
 
