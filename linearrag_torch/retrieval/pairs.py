@@ -17,9 +17,9 @@ need not hold the two largest scores. The set of the top N passages is unchanged
 exactly as before. Questions answered by dense retrieval (no question entity) keep their ranking, and so
 does a question whose top score is not positive.
 
-Both backends and the sharded engine run this: ``rerank`` on torch tensors (engine, shards), and the
-reference implementation on numpy (reference.pair_rerank). docs/QUALITY.md, mechanism 5, has the
-measurements and the choice of the settings.
+Both backends and the sharded engine run this: ``rerank`` on torch tensors (engine, shards: every question of
+a batch at once on the device, nothing read back to the host), and the reference implementation on numpy
+(reference.pair_rerank). docs/QUALITY.md, mechanism 5, has the measurements and the choice of the settings.
 """
 from __future__ import annotations
 
