@@ -15,6 +15,7 @@ import torch
 
 from linearrag_torch.retrieval.engine import DeviceGraph
 from linearrag_torch.kernels.backends import torch_scatter_available, triton_available
+from linearrag_torch.queries import EncodedQueries
 from linearrag_torch.retrieval.memory import status_bytes
 from linearrag_torch.retrieval.pagerank import StepObserver, observe_steps
 from linearrag_torch.synthetic import index_from_mentions, random_embeddings, random_mentions
@@ -209,3 +210,15 @@ class StepMeter(StepObserver):
             torch.cuda.synchronize(self.device)
             return sum(s.elapsed_time(e) for s, e in self.events)
         return 1e3 * sum(self.events)
+
+
+def tile_queries(enc, n: int):
+    """n encoded questions: those of ``enc`` (an EncodedQueries) repeated as often as needed (question i is
+    question i mod B), to time a batch larger than a question set."""
+    B = enc.batch_size
+    reps = -(-n // B)
+    rows = None if enc.entity_rows is None else enc.entity_rows.repeat(reps)
+    big = EncodedQueries(enc.query_emb.repeat(reps, 1), enc.entity_emb.repeat(reps, 1),
+                         torch.cat([enc.entity_owner + c * B for c in range(reps)]), list(enc.entity_text) * reps,
+                         rows, enc.rows_of)
+    return big if reps * B == n else big.slice(0, n)

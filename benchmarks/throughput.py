@@ -13,6 +13,11 @@ ONNX Runtime (``encoder_backend="onnx"``), ``--bf16`` the bf16-autocast
 question encoder (``quantize="bfloat16"``), ``--int8`` the int8 encoder (``LinearRAG.load(..., quantize="int8")``) and ``--no-reuse`` the path that encodes every entity string
 again instead of taking the index's stored vectors; ``--ner-processes N`` the exact (and bf16) path again with
 spaCy NER in N worker processes.
+
+The graph stage alone is timed at ``--graph-batch-sizes`` (default 1 64 1024 4096) on questions encoded once
+(tiled to the batch size when there are fewer): ms per question, and from one traced call per batch size
+what the batch asked of Python (engine.Trace.host_reads: values read back to the host; Trace.torch_calls:
+torch calls, which grow with the PageRank's steps but not with the batch when no step runs per question).
 """
 from __future__ import annotations
 
@@ -30,8 +35,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from benchmarks.common import tile_queries  # noqa: E402
+
 from linearrag_torch import LinearRAG  # noqa: E402
 from linearrag_torch.corpus import read_questions  # noqa: E402
+from linearrag_torch.retrieval import engine  # noqa: E402
 from linearrag_torch.retrieval.pipeline import STAGES, StageTimings  # noqa: E402
 
 COLUMNS = STAGES + ("end_to_end",)
@@ -65,6 +73,38 @@ def measure(rag: LinearRAG, questions: list, batch: int, n: int, repeat: int, cl
     return {c: 1000.0 * best.get(c, 0.0) / n for c in COLUMNS}
 
 
+def measure_graph(rag: LinearRAG, questions: list, batches: list, repeat: int, min_questions: int,
+                  clock: str = "wall") -> list:
+    """The graph stage alone (rag.retrieve on encoded questions) per batch size: ms per question over
+    max(batch, min_questions) questions (the fastest of ``repeat`` passes), and one traced batch's host reads
+    and torch calls (engine.Trace)."""
+    cfg = rag.config.replace(top_k=10)
+    encoded = rag.encode_queries(questions, cfg)
+    tick = CLOCKS[clock]
+    rows = []
+    for b in batches:
+        n = max(b, min_questions)
+        pool = tile_queries(encoded, n)
+        chunks = [pool.slice(s, min(s + b, n)) for s in range(0, n, b)]
+        rag.retrieve(chunks[0], cfg)  # warm-up at this batch size
+        best = None
+        for _ in range(repeat):
+            t0 = tick()
+            for chunk in chunks:
+                rag.retrieve(chunk, cfg)
+            el = tick() - t0
+            best = el if best is None else min(best, el)
+        _, tr = engine.retrieve(rag.graph, chunks[0], cfg, trace=True)
+        # (None: a package from before the counters, timed with this script beside it)
+        reads, calls = getattr(tr, "host_reads", None), getattr(tr, "torch_calls", None)
+        rows.append({"batch": b, "questions": n, "unique_questions": min(n, len(questions)),
+                     "graph_ms_per_question": 1000.0 * best / n, "questions_per_s": n / best if best else None,
+                     "host_reads_per_batch": reads, "torch_calls_per_batch": calls})
+        print(f"graph stage     batch {b:>4}: {1000.0 * best / n:8.3f} ms/question  ({reads} host reads, "
+              f"{calls} torch calls per batch)", flush=True)
+    return rows
+
+
 def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -93,6 +133,13 @@ def run(args) -> dict:
         "load_avg_start": load_avg(), "clock": args.clock, "stages": list(COLUMNS), "rows": [],
         "units": "ms per question" + (" (process CPU time)" if args.clock == "cpu" else " (wall time)"),
     }
+    if args.graph_batch_sizes:
+        rag = LinearRAG.load(args.index, device=args.device)
+        result["graph_batch_sizes"] = args.graph_batch_sizes
+        result["graph_rows"] = measure_graph(rag, questions, args.graph_batch_sizes, args.repeat, args.min_questions,
+                                             args.clock)
+        rag.close()
+        del rag
     for name, load_kw, opts in variants:
         rag = LinearRAG.load(args.index, device=args.device, **load_kw)
         if opts.get("reuse") is False:
@@ -156,7 +203,10 @@ def main(argv=None) -> int:
                     help='JSON lines with "question" (several files: their distinct questions in order)')
     ap.add_argument("--json", type=Path, required=True, help="write the numbers here")
     ap.add_argument("--png", type=Path, help="write the stage plot here (default: next to --json)")
-    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64, 256])
+    ap.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 8, 64, 256],
+                    help="batch sizes of the whole question path (none: only the graph stage alone)")
+    ap.add_argument("--graph-batch-sizes", type=int, nargs="*", default=[1, 64, 1024, 4096],
+                    help="batch sizes of the graph stage timed alone (none: skip it)")
     ap.add_argument("--min-questions", type=int, default=64,
                     help="questions timed per batch size: max(batch, this) (default %(default)s)")
     ap.add_argument("--repeat", type=int, default=1, help="passes per batch size; the fastest counts")
@@ -183,8 +233,11 @@ def main(argv=None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     png = args.png or args.json.with_suffix(".png")
-    plot(result, png)
-    print(f"wrote {args.json} and {png}", file=sys.stderr)
+    if result["rows"]:
+        plot(result, png)
+        print(f"wrote {args.json} and {png}", file=sys.stderr)
+    else:
+        print(f"wrote {args.json}", file=sys.stderr)
     return 0
 
 

@@ -64,6 +64,12 @@ class EncodedQueries:
     def batch_size(self) -> int:
         return int(self.query_emb.shape[0])
 
+    def has_entities(self) -> torch.Tensor:
+        """[B] bool on entity_owner's device: the questions with at least one entity (the others are answered by
+        dense retrieval)."""
+        owner = self.entity_owner
+        return torch.zeros(self.batch_size, dtype=torch.bool, device=owner.device).index_fill_(0, owner, True)
+
     def select(self, rows) -> "EncodedQueries":
         """The questions at positions ``rows`` (distinct, in that order), with their entities in their
         order here and owners renumbered from 0; the stored-vector rows (entity_rows) of those entities come

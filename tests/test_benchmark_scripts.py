@@ -13,7 +13,7 @@ def test_gpu_check_smoke_mode_on_cpu(tmp_path):
                            "--json", str(out), "--budget-s", "120"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads(out.read_text())
-    for name in ("bandwidth", "agreement", "kernels", "timing", "questions"):
+    for name in ("bandwidth", "agreement", "kernels", "timing", "questions", "graph"):
         assert "error" not in res["sections"][name], res["sections"][name].get("traceback")
     assert res["sections"]["agreement"]["result"]["ok"]
     q = res["sections"]["questions"]["result"]  # the whole question path on a real (tiny) index
@@ -24,6 +24,9 @@ def test_gpu_check_smoke_mode_on_cpu(tmp_path):
     assert q["top_k_same_as_cpu"] == q["compared"] > 0
     assert q["passages_per_s"] > 0 and {"ner", "embed_passages", "embed_entities"} <= set(q["build_stages_s"])
     assert {r["batch"] for r in res["sections"]["timing"]["result"]} == {1, 8}
+    graph = res["sections"]["graph"]["result"]  # the graph stage alone on that index (no sync debug on the CPU)
+    assert [r["batch"] for r in graph["rows"]] == [1, 16] and "sync_debug" not in graph
+    assert all(r["questions_per_s"] > 0 and 0 < r["host_reads_per_batch"] < 100 for r in graph["rows"])
     kernel_ops = {r["op"] for r in res["sections"]["kernels"]["result"]}
     assert {"ppr_step", "personalized_pagerank", "top-k passages", "reference activation"} <= kernel_ops
     assert all(r["max_abs_diff_vs_unfused"] < 1e-4 for r in res["sections"]["kernels"]["result"])

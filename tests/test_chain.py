@@ -6,7 +6,8 @@ import torch
 
 from linearrag_torch.retrieval import scipy_backend
 from linearrag_torch.retrieval.activation import seed_pairs
-from linearrag_torch.retrieval.chain import chain_seeds, merge, passage_prior, second_round_queries
+from linearrag_torch.retrieval.chain import (ChainSeeds, ChainTables, chain_seeds, chain_sources, merge, passage_prior,
+                                            second_round_queries)
 from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.retrieval.engine import DeviceGraph, retrieve
 from linearrag_torch.index import TriGraphIndex
@@ -43,26 +44,58 @@ def one_question(entities: bool = True):
     return EncodedQueries(torch.tensor([[1.0, 0, 0, 0]]), torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64), [])
 
 
+def seeds_of(ix, queries, first, cfg, used=None):
+    """One round's chain seeds as per-question dicts, and the used sources after it ([B, U] as sets)."""
+    B = queries.batch_size
+    used = torch.zeros((B, 0), dtype=torch.int64) if used is None else used
+    source, used = chain_sources(first, queries.has_entities(), used, cfg)
+    seeds = chain_seeds(ChainTables.build(ix, "cpu"), queries, first, source, cfg)
+    return seeds.to_dicts(B), used
+
+
+def used_sets(used):
+    return [{p for p in row if p >= 0} for row in used.tolist()]
+
+
 def test_chain_seeds_by_hand():
     first = Retrieved(torch.tensor([[0, 1, 2]]), torch.tensor([[0.5, 0.25, 0.1]]))
     cfg = RetrievalConfig(chain_passages=2, chain_sentences=1, chain_weight=1.0)
     # p0 (share 1): best sentence s0 (sigma .8) -> e0, e1 at .8;  p1 (share .5): s2 (sigma .6) -> e1 at .3
     # (e1 keeps .8), e3 at .3;  p2 is not among the top 2
-    seeds = chain_seeds(tiny_index(), one_question(), first, cfg)
+    seeds, _ = seeds_of(tiny_index(), one_question(), first, cfg)
     assert seeds[0].keys() == {0, 1, 3}
     assert [seeds[0][e] for e in (0, 1, 3)] == pytest.approx([0.8, 0.8, 0.3])
     # two sentences per passage: p0's s1 (sigma .6) adds e2 at .6; the weight scales every seed
-    seeds = chain_seeds(tiny_index(), one_question(), first, cfg.replace(chain_sentences=2, chain_weight=0.5))
+    seeds, _ = seeds_of(tiny_index(), one_question(), first, cfg.replace(chain_sentences=2, chain_weight=0.5))
     assert {e: round(w, 6) for e, w in seeds[0].items()} == {0: 0.4, 1: 0.4, 2: 0.3, 3: 0.15}
+
+
+def test_chain_seeds_of_a_batch_are_each_questions_own():
+    """Three questions at once: each gets what it gets alone (a question without entities nothing, a top
+    score of 0 nothing, though its sources count as used), ties between sentences go to the lower one."""
+    ix = tiny_index()
+    q = one_question()
+    three = EncodedQueries(q.query_emb.repeat(3, 1), q.entity_emb.repeat(2, 1), torch.tensor([0, 2]), ["e2", "e2"])
+    first = Retrieved(torch.tensor([[0, 1, 2], [0, 1, 2], [2, 1, -1]]),
+                      torch.tensor([[0.5, 0.25, 0.1], [0.5, 0.25, 0.1], [0.0, 0.0, 0.0]]))
+    cfg = RetrievalConfig(chain_passages=2, chain_sentences=1, chain_weight=1.0)
+    seeds, used = seeds_of(ix, three, first, cfg)
+    alone, _ = seeds_of(ix, q, Retrieved(first.indices[:1], first.scores[:1]), cfg)
+    assert seeds[0] == alone[0] and seeds[1] == {} and seeds[2] == {}
+    assert used_sets(used) == [{0, 1}, set(), {2, 1}]
+    # p0's s0 and s1 tie (sigma .6 both): s0, the lower, is taken
+    ix.sentence_emb[0] = ix.sentence_emb[1]
+    seeds, _ = seeds_of(ix, q, Retrieved(torch.tensor([[0]]), torch.tensor([[1.0]])), cfg)
+    assert seeds[0].keys() == {0, 1}
 
 
 def test_second_round_seeds_are_the_chain_entities_with_their_weights():
     ix = tiny_index()
     q = one_question(entities=False)
-    enc = second_round_queries(ix, q, [{0: 0.8, 3: 0.3}])
+    enc = second_round_queries(ChainTables.build(ix, "cpu"), q, seeds_from([{0: 0.8, 3: 0.3}]))
     keys, vals = seed_pairs(ix.entity_emb, enc.entity_emb, enc.entity_owner, 1)
     assert keys.tolist() == [0, 3] and vals.tolist() == pytest.approx([0.8, 0.3])
-    assert enc.entity_text == ["e0", "e3"]
+    assert list(enc.entity_text) == ["e0", "e3"]  # names read when asked for
 
 
 def test_merge_keeps_the_first_rounds_top_then_the_second_round():
@@ -104,21 +137,20 @@ def test_later_rounds_take_new_source_passages():
     ix = tiny_index()
     first = Retrieved(torch.tensor([[0, 1, 2]]), torch.tensor([[0.5, 0.25, 0.1]]))
     cfg = RetrievalConfig(chain_passages=1, chain_sentences=1, chain_weight=1.0)
-    skip = [set()]
-    assert chain_seeds(ix, one_question(), first, cfg, skip)[0].keys() == {0, 1}  # p0's s0
-    assert skip == [{0}]
+    seeds, used = seeds_of(ix, one_question(), first, cfg)
+    assert seeds[0].keys() == {0, 1} and used_sets(used) == [{0}]  # p0's s0
     # the next round passes over p0: p1 (share .5, s2 sigma .6) gives e1, e3 at .3
-    seeds = chain_seeds(ix, one_question(), first, cfg, skip)[0]
-    assert seeds.keys() == {1, 3} and seeds[3] == pytest.approx(0.3) and skip == [{0, 1}]
+    seeds, used = seeds_of(ix, one_question(), first, cfg, used)
+    assert seeds[0].keys() == {1, 3} and seeds[0][3] == pytest.approx(0.3) and used_sets(used) == [{0, 1}]
 
 
 def test_title_line_is_not_a_chain_sentence():
     ix = tiny_index()
     ix.sentences[0] = "a"  # s0 is now p0's title line: p0's best other sentence is s1 (sigma .6, e2)
     first = Retrieved(torch.tensor([[0, 1, 2]]), torch.tensor([[0.5, 0.25, 0.1]]))
-    seeds = chain_seeds(ix, one_question(), first, RetrievalConfig(chain_passages=1, chain_weight=1.0))
+    seeds, _ = seeds_of(ix, one_question(), first, RetrievalConfig(chain_passages=1, chain_weight=1.0))
     assert seeds[0].keys() == {2} and seeds[0][2] == pytest.approx(0.6)
-    assert chain_seeds(ix, one_question(entities=False), first, RetrievalConfig(chain_passages=1)) == [{}]
+    assert seeds_of(ix, one_question(entities=False), first, RetrievalConfig(chain_passages=1))[0] == [{}]
 
 
 @pytest.mark.parametrize("rounds", [1, 2])
@@ -180,17 +212,29 @@ def test_chain_seeds_take_their_own_row_unless_another_entity_has_their_tokens()
                      torch.tensor([10, 11, 12, 11]))
     ix = dataclasses.replace(base, entity_emb=emb, keys=keys)
     q = one_question()  # its entity e2 was encoded (row -1)
-    seeds = [{0: 0.8, 1: 0.3, 3: 0.5}]
-    enc = second_round_queries(ix, q, seeds)
+    seeds = seeds_from([{0: 0.8, 1: 0.3, 3: 0.5}])
+    enc = second_round_queries(ChainTables.build(ix, "cpu"), q, seeds)
     assert enc.rows_of is ix and enc.entity_rows.tolist() == [-1, 0, -1, -1]
     known = seed_pairs(ix.entity_emb, enc.entity_emb, enc.entity_owner, 1, enc.entity_rows)
     scan = seed_pairs(ix.entity_emb, enc.entity_emb, enc.entity_owner, 1)
     assert torch.equal(known[0], scan[0]) and torch.allclose(known[1], scan[1], atol=1e-7)
-    assert second_round_queries(base, q, seeds).entity_rows is None  # no token keys: every seed scans
+    assert second_round_queries(ChainTables.build(base, "cpu"), q, seeds).entity_rows is None  # no keys: all scan
     graph = DeviceGraph(ix)
     cfg = RetrievalConfig(chain_passages=2, chain_sentences=2, delta=0.1)
     out = retrieve(graph, q, cfg)
     assert_same(out, scipy_backend.retrieve(ix, q, cfg))
+
+
+def seeds_from(dicts):
+    """ChainSeeds from per-question {entity: w} dicts."""
+    entries = [(b, e, w) for b, d in enumerate(dicts) for e, w in d.items()]
+    q, e, w = zip(*entries) if entries else ((), (), ())
+    return ChainSeeds.from_entries(torch.tensor(q, dtype=torch.int64), torch.tensor(e, dtype=torch.int64),
+                                   torch.tensor(w, dtype=torch.float64), 4)
+
+
+def prior_of(ix, queries, dicts, cfg):
+    return passage_prior(ChainTables.build(ix, "cpu"), queries, seeds_from(dicts), cfg)
 
 
 def _entries(prior):
@@ -201,22 +245,22 @@ def test_passage_prior_by_hand():
     """Later rounds' eq. 7 prior: per passage, the best cosine of a sentence that mentions a chain seed."""
     ix, q, cfg = tiny_index(), one_question(), RetrievalConfig()
     # e1 is in s0 (p0, cosine .8) and s2 (p1, .6)
-    prior = passage_prior(ix, q, [{1: 0.5}], cfg)
+    prior = prior_of(ix, q, [{1: 0.5}], cfg)
     assert prior.floor == pytest.approx(0.1) and _entries(prior) == [(0, 0, 0.8), (1, 0, 0.6)]
     # e3 is in s2 (p1, .6) and s3 (p2, 0); e0 and e3 together: the best sentence of each passage
-    assert _entries(passage_prior(ix, q, [{3: 1.0}], cfg)) == [(1, 0, 0.6), (2, 0, 0.0)]
-    assert _entries(passage_prior(ix, q, [{0: 1.0, 3: 1.0}], cfg)) == [(0, 0, 0.8), (1, 0, 0.6), (2, 0, 0.0)]
+    assert _entries(prior_of(ix, q, [{3: 1.0}], cfg)) == [(1, 0, 0.6), (2, 0, 0.0)]
+    assert _entries(prior_of(ix, q, [{0: 1.0, 3: 1.0}], cfg)) == [(0, 0, 0.8), (1, 0, 0.6), (2, 0, 0.0)]
     # a passage's own title line is not taken: s0 becomes p0's title, so p0 has no such sentence left
     ix = dataclasses.replace(ix, sentences=["a"] + ix.sentences[1:])
-    assert _entries(passage_prior(ix, q, [{1: 0.5}], cfg)) == [(1, 0, 0.6)]
+    assert _entries(prior_of(ix, q, [{1: 0.5}], cfg)) == [(1, 0, 0.6)]
     # the switches: the floor alone, and both off
-    floor_only = passage_prior(ix, q, [{1: 0.5}], cfg.replace(chain_bridge_prior=False))
+    floor_only = prior_of(ix, q, [{1: 0.5}], cfg.replace(chain_bridge_prior=False))
     assert floor_only.floor == pytest.approx(0.1) and _entries(floor_only) == []
-    assert passage_prior(ix, q, [{1: 0.5}], cfg.replace(chain_bridge_prior=False, chain_prior_floor=-1.0)) is None
+    assert prior_of(ix, q, [{1: 0.5}], cfg.replace(chain_bridge_prior=False, chain_prior_floor=-1.0)) is None
     # questions without chain seeds get no entries; the columns are the questions
     two = EncodedQueries(torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 1.0]]), torch.zeros(0, 4),
                          torch.zeros(0, dtype=torch.int64), [])
-    assert _entries(passage_prior(tiny_index(), two, [{}, {3: 1.0}], cfg)) == [(1, 1, 0.0), (2, 1, 1.0)]
+    assert _entries(prior_of(tiny_index(), two, [{}, {3: 1.0}], cfg)) == [(1, 1, 0.0), (2, 1, 1.0)]
 
 
 def test_passage_prior_raises_the_cosines_and_follows_the_questions():
@@ -242,16 +286,35 @@ def test_torch_and_scipy_agree_with_the_later_round_prior(floor, bridge):
     assert not torch.allclose(off.scores, got.scores)
 
 
-def test_pair_cosines_by_blocks_of_questions():
-    """chain._pair_cosines: each (sentence, question) pair's dot product, whatever the block size (float64 check)."""
-    from linearrag_torch.retrieval.chain import _pair_cosines
+def test_pair_cosines_are_each_pairs_own():
+    """chain.pair_cosines: each (question, sentence) pair's dot product (float64 check), the same bits for a
+    question alone as in its batch; half-precision sentence vectors give float32 values too."""
+    from linearrag_torch.retrieval.chain import pair_cosines
 
     g = torch.Generator().manual_seed(3)
     sent_emb, q = torch.randn(40, 8, generator=g), torch.randn(5, 8, generator=g)
     b = torch.tensor([0, 0, 0, 2, 2, 3, 4, 4, 4, 4])  # sorted by question; question 1 has no pair
-    s = torch.tensor([3, 7, 39, 7, 3, 0, 1, 7, 3, 20])
+    s = torch.tensor([3, 7, 39, 3, 7, 0, 1, 3, 7, 20])
     want = (sent_emb.double()[s] * q.double()[b]).sum(1)
-    for block in (1, 2, 3, 32):
-        got = _pair_cosines(sent_emb, q, s, b, questions=block)
-        assert got.dtype == torch.float32 and torch.allclose(got.double(), want, atol=1e-5)
-    assert _pair_cosines(sent_emb, q, s[:0], b[:0]).numel() == 0
+    got = pair_cosines(sent_emb, q, s, b)
+    assert got.dtype == torch.float32 and torch.allclose(got.double(), want, atol=1e-5)
+    alone = pair_cosines(sent_emb, q[4:], s[b == 4], torch.zeros(4, dtype=torch.int64))
+    assert torch.equal(alone, got[b == 4])
+    half = pair_cosines(sent_emb.half(), q, s, b)
+    assert half.dtype == torch.float32 and torch.allclose(half.double(), want, atol=2e-2)
+    assert pair_cosines(sent_emb, q, s[:0], b[:0]).numel() == 0
+
+
+def test_pair_cosines_without_the_sampled_product(monkeypatch):
+    """A torch or device without torch.sparse.sampled_addmm: the row products of kernels.gather_sigma."""
+    from linearrag_torch.kernels import gather_sigma
+    from linearrag_torch.retrieval.chain import pair_cosines
+
+    def missing(*args, **kwargs):
+        raise NotImplementedError("sampled_addmm")
+
+    monkeypatch.setattr(torch.sparse, "sampled_addmm", missing)
+    g = torch.Generator().manual_seed(4)
+    sent_emb, q = torch.randn(30, 8, generator=g), torch.randn(3, 8, generator=g)
+    s, b = torch.tensor([1, 5, 2, 9]), torch.tensor([0, 0, 2, 2])
+    assert torch.equal(pair_cosines(sent_emb, q, s, b), gather_sigma((sent_emb, q), s, b))

@@ -148,7 +148,8 @@ def test_throughput_benchmark_end_to_end(small_index_dir, small_questions, tmp_p
     out = tmp_path / "throughput.json"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.throughput", "--index", str(small_index_dir),
                            "--questions", str(qfile), "--json", str(out), "--batch-sizes", "1", "4",
-                           "--min-questions", "4", "--int8", "--threads", "1", "--clock", "cpu"],
+                           "--min-questions", "4", "--int8", "--threads", "1", "--clock", "cpu",
+                           "--graph-batch-sizes", "1", "8"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads(out.read_text())
@@ -160,6 +161,9 @@ def test_throughput_benchmark_end_to_end(small_index_dir, small_questions, tmp_p
         assert ms["end_to_end"] >= sum(ms[s] for s in STAGES) * 0.99
     assert res["torch_threads"] == 1 and res["clock"] == "cpu"
     assert out.with_suffix(".png").stat().st_size > 0
+    graph = res["graph_rows"]  # the graph stage alone; batch 8 tiles the 6 distinct questions
+    assert [(r["batch"], r["questions"], r["unique_questions"]) for r in graph] == [(1, 4, 4), (8, 8, 6)]
+    assert all(r["graph_ms_per_question"] > 0 and 0 < r["host_reads_per_batch"] < 100 for r in graph)
 
 
 def test_throughput_benchmark_with_ner_processes(small_index_dir, tmp_path):
@@ -169,7 +173,8 @@ def test_throughput_benchmark_with_ner_processes(small_index_dir, tmp_path):
     qfile.write_text("".join(json.dumps({"question": q["question"]}) + "\n" for q in demo_questions()))
     out = tmp_path / "throughput.json"
     cmd = [sys.executable, "-m", "benchmarks.throughput", "--index", str(small_index_dir), "--questions", str(qfile),
-           "--json", str(out), "--batch-sizes", "32", "--min-questions", "32", "--ner-processes", "2"]
+           "--json", str(out), "--batch-sizes", "32", "--min-questions", "32", "--ner-processes", "2",
+           "--graph-batch-sizes"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(out.read_text())["rows"]

@@ -10,9 +10,8 @@ import torch
 from .. import kernels
 from ..config import RetrievalConfig
 from ..queries import EncodedQueries, Retrieved
-from ..retrieval import engine, pairs  # engine: the single-process engine, whose math this one splits up
+from ..retrieval import chain, engine, pairs  # engine: the single-process engine, whose math this one splits up
 from ..retrieval.activation import ActivePairs, nearest_entities
-from ..retrieval.chain import enabled as chain_enabled, merge as chain_merge
 from ..retrieval.engine import cosines
 from ..retrieval.pagerank import FLOOR_RULE_BELOW
 from .comm import Comm
@@ -28,6 +27,7 @@ class ShardedEngine:
             raise ValueError(f"shard {shard.rank}/{shard.world} in process group rank {comm.rank}/{comm.world}")
         self.shard = shard
         self.comm = comm
+        self._tables = None  # chain.ChainTables of this rank's rows (_chain_tables)
         self.iteration_log: list | None = None  # set to [] to record (bytes, compute s, comm s) per PPR iteration
 
     # --------------------------------------------------------------------------------------------- entry
@@ -48,7 +48,7 @@ class ShardedEngine:
 
     def _ranked(self, queries: EncodedQueries, cfg: RetrievalConfig) -> Retrieved:
         """The ranking before the pair rerank: the chain's rounds, or one round."""
-        return self._chain(queries, cfg) if chain_enabled(cfg) else self._one_round(queries, cfg)
+        return self._chain(queries, cfg) if chain.enabled(cfg) else self._one_round(queries, cfg)
 
     def _pairs(self, queries: EncodedQueries, out: Retrieved, cfg: RetrievalConfig) -> Retrieved:
         """pairs.rerank: the candidates' vectors from their ranks (all-reduce of [B, N, D], zeros elsewhere) and
@@ -71,7 +71,7 @@ class ShardedEngine:
         triples = self.comm.all_gather_rows(torch.stack([q, slot, sh.walk_entities[col]], 1))
         link = pairs.linked(triples[:, 0], triples[:, 1], triples[:, 2], cand.shape[0], N)
         return pairs.rerank(Retrieved(idx, out.scores.to(dev)), queries.query_emb, vec, link,
-                            pairs.has_entities(queries), cfg)
+                            queries.has_entities(), cfg)
 
     def _stored_vectors(self, queries: EncodedQueries) -> EncodedQueries:
         """The question entities with a stored-vector row get that entity's vector from its owner (the
@@ -413,87 +413,67 @@ class ShardedEngine:
         depth = max(cfg.top_k, cfg.chain_passages * (cfg.chain_rounds + 1), cfg.chain_keep * (cfg.chain_rounds + 1))
         cur = self._one_round(queries, one.replace(top_k=depth))
         out = cur
-        B = queries.batch_size
-        skip = [set() for _ in range(B)]
-        seeds = [dict() for _ in range(B)]
+        dev = self.shard.device
+        with_entities = queries.has_entities().to(dev)
+        used = torch.zeros((queries.batch_size, 0), dtype=torch.int64, device=dev)
+        seeds = None  # the chain seeds of the rounds so far (as in chain.chain_retrieve)
         for r in range(1, cfg.chain_rounds + 1):
-            for acc, new in zip(seeds, self._chain_seeds(queries, cur, cfg, skip)):
-                for e, w in new.items():
-                    acc[e] = max(acc.get(e, 0.0), w)
+            source, used = chain.chain_sources(Retrieved(cur.indices.to(dev), cur.scores), with_entities, used, cfg)
+            new = self._chain_seeds(queries, cur, source, cfg)
+            seeds = new if seeds is None else seeds.union(new, self.shard.num_entities)
             q2 = dataclasses.replace(self._second_round_queries(queries, seeds), prior=self._prior(queries, seeds, cfg))
             cur = self._one_round(q2, later.replace(top_k=depth))
-            out = chain_merge(out, cur, r * cfg.chain_keep, depth)
+            out = chain.merge(out, cur, r * cfg.chain_keep, depth)
         return out.head(cfg.top_k)
 
-    def _prior(self, queries: EncodedQueries, seeds: list, cfg: RetrievalConfig):
+    @property
+    def _chain_tables(self) -> chain.ChainTables:
+        """chain.ChainTables of this rank's passages and sentences (local rows and entities), made on first use."""
+        if self._tables is None:
+            self._tables = chain.ChainTables.build(_ChainView(self.shard), self.shard.device)
+        return self._tables
+
+    def _prior(self, queries: EncodedQueries, seeds: chain.ChainSeeds, cfg: RetrievalConfig):
         """chain.passage_prior for this rank's passages: a passage's sentences and the entities they mention
         are all on its rank, so the seeds this rank holds give its passages' entries with nothing exchanged."""
-        from ..retrieval import chain
+        local = self.shard.local_entity(seeds.entity)
+        held = local >= 0
+        return chain.passage_prior(self._chain_tables, queries,
+                                   chain.ChainSeeds(seeds.question[held], local[held], seeds.weight[held]), cfg)
 
+    def _chain_seeds(self, queries, first: Retrieved, source: torch.Tensor, cfg) -> chain.ChainSeeds:
+        """chain.chain_seeds of the sources (chain.chain_sources) this rank holds, gathered from every rank
+        (global entity ids)."""
         sh = self.shard
-        ents = sorted({e for sd in seeds for e in sd})
-        loc = sh.local_entity(torch.tensor(ents, dtype=torch.int64, device=sh.device)).cpu().tolist() if ents else []
-        to_local = {e: lc for e, lc in zip(ents, loc) if lc >= 0}
-        local = [{to_local[e]: w for e, w in sd.items() if e in to_local} for sd in seeds]
-        return chain.passage_prior(_ChainView(sh), queries, local, cfg)
-
-    def _chain_seeds(self, queries, first: Retrieved, cfg, skip) -> list:
-        from ..retrieval import chain
-
-        sh = self.shard
-        idx = first.indices.cpu()
-        # the sources of this round (chain.chain_seeds' rule), then only those held here, at their positions
-        mine = torch.full_like(idx, -1)
-        has_entities = set(queries.entity_owner.cpu().tolist())
-        for b in range(idx.shape[0]):
-            if b not in has_entities:
-                continue
-            sources = [int(p) for p in idx[b].tolist() if p >= 0 and int(p) not in skip[b]][: cfg.chain_passages]
-            for p in sources:
-                skip[b].add(p)
-                if sh.lo <= p < sh.hi:
-                    mine[b, idx[b].tolist().index(p)] = p - sh.lo
-        view = _ChainView(sh)
-        local = chain.chain_seeds(view, queries, Retrieved(mine, first.scores), cfg)
-        ents = sh.entities.cpu()
-        local = [{int(ents[e]): w for e, w in sd.items()} for sd in local]
+        idx = first.indices.to(sh.device)
+        mine = source & (idx >= sh.lo) & (idx < sh.hi)
+        local = Retrieved(torch.where(mine, idx - sh.lo, torch.full_like(idx, -1)), first.scores.to(sh.device))
+        seeds = chain.chain_seeds(self._chain_tables, queries, local, mine, cfg)
+        rows = torch.stack([seeds.question.double(), sh.entities[seeds.entity].double(), seeds.weight], 1)
         self.comm.phase = "chain"
-        out = [dict() for _ in range(idx.shape[0])]
-        for part in self.comm.all_gather_object(local):
-            for acc, sd in zip(out, part):
-                for e, w in sd.items():
-                    if w > acc.get(e, 0.0):
-                        acc[e] = w
-        return out
+        rows = self.comm.all_gather_rows(rows)  # [n, 3]: question, global entity, w (exact in float64)
+        return chain.ChainSeeds.from_entries(rows[:, 0].long(), rows[:, 1].long(), rows[:, 2], sh.num_entities)
 
-    def _second_round_queries(self, queries: EncodedQueries, seeds: list) -> EncodedQueries:
+    def _second_round_queries(self, queries: EncodedQueries, seeds: chain.ChainSeeds) -> EncodedQueries:
         """chain.second_round_queries: each seed entity's own vector (from its owner) scaled by w(e)."""
         sh = self.shard
         dev = queries.entity_emb.device
-        ents, owner, ws = [], [], []
-        for b, sd in enumerate(seeds):
-            for e in sorted(sd):
-                ents.append(e)
-                owner.append(b)
-                ws.append(sd[e])
-        if not ents:
+        if seeds.entity.numel() == 0:
             return queries
-        e = torch.tensor(ents, dtype=torch.int64, device=sh.device)
+        e = seeds.entity.to(sh.device)
         vec = torch.zeros(e.numel(), sh.dim, dtype=torch.float32, device=sh.device)
         loc = sh.owned_row(e)
         have = loc >= 0
         vec[have] = sh.entity_emb[loc[have]].float()
         self.comm.phase = "chain"
         self.comm.all_reduce(vec)
-        w = torch.tensor(ws, dtype=torch.float32)
-        emb = (vec.cpu() * w[:, None]).to(dev)
+        emb = (vec * seeds.weight.to(vec.device, torch.float32)[:, None]).to(dev)
         rows = queries.entity_rows
         if rows is not None:
-            rows = torch.cat([rows, torch.full((len(ents),), -1, dtype=rows.dtype, device=rows.device)])
+            rows = torch.cat([rows, torch.full((e.numel(),), -1, dtype=rows.dtype, device=rows.device)])
         return EncodedQueries(queries.query_emb, torch.cat([queries.entity_emb, emb]),
-                              torch.cat([queries.entity_owner, torch.tensor(owner, dtype=torch.int64,
-                                                                            device=queries.entity_owner.device)]),
-                              list(queries.entity_text) + [f"entity {i}" for i in ents], rows, None)
+                              torch.cat([queries.entity_owner, seeds.question.to(queries.entity_owner.device)]),
+                              list(queries.entity_text) + [f"entity {i}" for i in e.tolist()], rows, None)
 
     # ------------------------------------------------------------------------------------------- results
     def passages(self, rows) -> dict:
@@ -517,11 +497,11 @@ class ShardedEngine:
 
 
 class _ChainView:
-    """The shard seen as the index chain.chain_seeds reads (local passage and sentence rows, local entities)."""
+    """The shard seen as the index chain.ChainTables.build reads (local passage and sentence rows, local entities)."""
 
     def __init__(self, sh: Shard):
-        self.PS, self.M, self.titles, self.sentences = sh.PS.to("cpu"), sh.M.to("cpu"), sh.titles, sh.sentence_texts
-        self.sentence_emb = sh.sentence_emb.to("cpu")
+        self.PS, self.M, self.titles, self.sentences = sh.PS, sh.M, sh.titles, sh.sentence_texts
+        self.sentence_emb = sh.sentence_emb
 
 
 # ------------------------------------------------------------------------------------------ question side

@@ -27,6 +27,7 @@ def spmm_sparse_rhs(AT_crow: torch.Tensor, AT_col: torch.Tensor, AT_val: torch.T
     ends = torch.cumsum((AT_crow[rows + 1] - AT_crow[rows]).to(torch.int64), 0)
     n, start = rows.numel(), 0
     while start < n:  # the pairs [start, stop) hold at most max_entries products (at least one pair)
+        # a block's end is a size read back to the host: once per block (one block per call up to max_entries)
         base = int(ends[start - 1]) if start else 0
         stop = min(max(int(torch.searchsorted(ends, base + max_entries, right=True)), start + 1), n)
         owner, pos, _ = segment_positions(AT_crow, rows[start:stop])

@@ -40,6 +40,7 @@ def nearest_entities(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, r
     (the first entity with its encoder tokens; -1 where unknown), that entity and its self-cosine are
     the answer without the scan (another entity could tie only with an identical vector, which only
     equal tokens give, and those rows come later)."""
+    # whether any row takes a stored vector: one value read back to the host per call, to skip that path's work
     if known is not None and known.numel() == query_entity_emb.shape[0] and bool((known >= 0).any()):
         known = known.to(entity_emb.device)
         hit = known >= 0

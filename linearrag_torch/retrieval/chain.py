@@ -18,14 +18,24 @@ The final list keeps the first round's top ``chain_keep`` passages in their orde
 round's ranking without them (the scores are each round's own PageRank values). ``chain_rounds`` > 1
 repeats the step: each further round adds the chain seeds of the previous round's top passages not yet
 used as sources (see chain_retrieve).
+
+Everything here is batched tensor work on the device of the round's results, with no loop over the
+questions and no value read back to the host (segment operations over CSR rows, as in kernels/). On CUDA
+the operations whose output size depends on the data (nonzero, unique, boolean masks, the CSR row
+expansion of kernels.segment_positions) wait for the device to learn that size; no value reaches Python.
 """
 from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from ..config import RetrievalConfig
-from ..kernels import segment_positions
+from ..kernels import gather_sigma, segment_positions, top_k_per_segment
 from ..queries import EncodedQueries, PassagePrior, Retrieved
+from .counting import uncounted
 
 
 def enabled(cfg: RetrievalConfig) -> bool:
@@ -34,232 +44,321 @@ def enabled(cfg: RetrievalConfig) -> bool:
     return cfg.chain_passages > 0 and cfg.mode == "reference"
 
 
-def chain_seeds(index, queries: EncodedQueries, first: Retrieved, cfg: RetrievalConfig, skip=None) -> list[dict]:
-    """Per question {entity: w(e)} from the round's top chain_passages passages (module docstring), passing
-    over the passages in skip[b] (the sources of earlier rounds); the sources taken are added to skip[b]."""
-    q = queries.query_emb.detach().to("cpu", torch.float32)
-    PS, M = index.PS, index.M
-    sent_emb = index.sentence_emb
-    out = []
-    idx, scores = first.indices.cpu(), first.scores.cpu().double()
-    has_entities = set(queries.entity_owner.cpu().tolist())
-    for b in range(q.shape[0]):
-        seeds: dict = {}
-        if b not in has_entities:  # answered by dense retrieval (METHOD.md): no chain either
-            out.append(seeds)
-            continue
-        top = float(scores[b, 0]) if idx.shape[1] else 0.0
-        used = skip[b] if skip is not None else set()
-        sources = [int(p) for p in idx[b].tolist() if p >= 0 and int(p) not in used][: cfg.chain_passages]
-        for p in sources:
-            j = idx[b].tolist().index(p)
-            used.add(p)
-            if not top > 0:
-                continue
-            share = max(float(scores[b, j]) / top, 0.0)
-            sents = PS.col[PS.crow[p]:PS.crow[p + 1]]
-            if sents.numel() == 0:
-                continue
-            sigma = (sent_emb.index_select(0, sents).float() @ q[b]).double()
-            # best first, ties to the lowest sentence index (sents is sorted); the title line names the
-            # passage itself and links nowhere new: skipped
-            title = index.titles[p].strip()
-            order = sorted((i for i in range(sents.numel()) if index.sentences[int(sents[i])].strip() != title or not title),
-                           key=lambda i: (-float(sigma[i]), int(sents[i])))
-            for i in order[: cfg.chain_sentences]:
-                s = int(sents[i])
-                w = cfg.chain_weight * share * float(sigma[i])
-                if not w > 0:
-                    continue
-                for e in M.col[M.crow[s]:M.crow[s + 1]].tolist():
-                    if w > seeds.get(e, 0.0):
-                        seeds[e] = w
-        out.append(seeds)
-    return out
+@dataclass
+class ChainTables:
+    """What the chain reads of an index (or of one shard's rows), as tensors on one device; made once per index
+    and device (engine.DeviceGraph.chain_tables, the scipy backend's prepare).
+
+    ps_crow, ps_col     PS [P, S] as CSR: each passage's sentences, ascending
+    ps_title            [nnz(PS)] bool: the entry's sentence is its passage's title line (a passage's title line
+                        names the passage itself and links nowhere new: never a chain sentence)
+    sp_crow, sp_col     PSᵀ [S, P]: each sentence's passages, ascending;  sp_title [nnz(PS)] as ps_title
+    m_crow, m_col       M [S, E]: each sentence's entities;  mt_crow, mt_col  Mᵀ [E, S]: each entity's sentences
+    sentence_emb        [S, D] the sentence vectors as the device multiplies them (eq. 4's sigma)
+    entity_emb          [E, D] the entity vectors (a chain seed's query vector), None where not needed (shards)
+    tokens_unique       [E] bool: no other entity has the entity's encoder tokens (TokenKeys); None without keys
+    index               the index the rows belong to (EncodedQueries.rows_of of the second round's queries)
+    """
+
+    ps_crow: torch.Tensor
+    ps_col: torch.Tensor
+    ps_title: torch.Tensor
+    sp_crow: torch.Tensor
+    sp_col: torch.Tensor
+    sp_title: torch.Tensor
+    m_crow: torch.Tensor
+    m_col: torch.Tensor
+    mt_crow: torch.Tensor
+    mt_col: torch.Tensor
+    sentence_emb: torch.Tensor
+    entity_emb: torch.Tensor | None
+    tokens_unique: torch.Tensor | None
+    index: object
+
+    @property
+    def num_passages(self) -> int:
+        return self.ps_crow.numel() - 1
+
+    @property
+    def num_sentences(self) -> int:
+        return self.sp_crow.numel() - 1
+
+    @property
+    def num_entities(self) -> int:
+        return self.mt_crow.numel() - 1
+
+    @staticmethod
+    def build(index, device, sentence_emb: torch.Tensor | None = None, entity_emb: torch.Tensor | None = None,
+              mentions: tuple | None = None) -> "ChainTables":
+        """From ``index`` (a TriGraphIndex, or any object with its PS, M, titles, sentences and optionally keys and
+        entity_emb, e.g. a shard's view), on ``device``. ``sentence_emb``, ``entity_emb``: the vectors as the
+        device multiplies them (default: the index's, moved there); ``mentions``: (M crow, M col, Mᵀ crow, Mᵀ col)
+        already on the device (engine.DeviceGraph holds them), else made from index.M."""
+        dev = torch.device(device)
+        PS = index.PS.to("cpu")
+        SP = PS.transpose()
+        # title-line flags: each stripped title and sentence text numbered once, then compared as numbers
+        title_id: dict = {}
+        titles = torch.tensor([title_id.setdefault(t.strip(), len(title_id)) if t.strip() else -1
+                               for t in index.titles], dtype=torch.int64)
+        sentence_title = torch.tensor([title_id.get(s.strip(), -2) for s in index.sentences], dtype=torch.int64)
+        ps_title = titles.index_select(0, PS.row_index()) == sentence_title.index_select(0, PS.col)
+        sp_title = titles.index_select(0, SP.col) == sentence_title.index_select(0, SP.row_index())
+        if mentions is None:
+            M = index.M.to("cpu")
+            MT = M.transpose()
+            mentions = (M.crow, M.col, MT.crow, MT.col)
+        m_crow, m_col, mt_crow, mt_col = (t.to(dev) for t in mentions)
+        if sentence_emb is None:
+            sentence_emb = index.sentence_emb
+        if entity_emb is None:
+            entity_emb = getattr(index, "entity_emb", None)
+        hashes = getattr(getattr(index, "keys", None), "entities", None)
+        unique = None
+        if hashes is not None and hashes.numel() == mt_crow.numel() - 1:
+            _, inv, counts = torch.unique(hashes, return_inverse=True, return_counts=True)
+            unique = (counts[inv] == 1).to(dev)
+        return ChainTables(
+            PS.crow.to(dev), PS.col.to(dev), ps_title.to(dev), SP.crow.to(dev), SP.col.to(dev), sp_title.to(dev),
+            m_crow, m_col, mt_crow, mt_col, sentence_emb.to(dev),
+            None if entity_emb is None else entity_emb.to(dev), unique, index)
 
 
-def second_round_queries(index, queries: EncodedQueries, seeds: list[dict]) -> EncodedQueries:
-    """The questions with their own entities plus the chain seeds (scaled own embeddings, see module doc)."""
-    dev = queries.entity_emb.device
-    emb = [queries.entity_emb]
-    owner = [queries.entity_owner]
-    text = list(queries.entity_text)
-    E = index.entity_emb
-    for b, sd in enumerate(seeds):
-        if not sd:
-            continue
-        ents = sorted(sd)
-        w = torch.tensor([sd[e] for e in ents], dtype=torch.float32)
-        emb.append((E.index_select(0, torch.tensor(ents, dtype=torch.int64)).float() * w[:, None]).to(dev))
-        owner.append(torch.full((len(ents),), b, dtype=torch.int64, device=queries.entity_owner.device))
-        text.extend(index.entities[e] for e in ents)
+@dataclass
+class ChainSeeds:
+    """The chain seeds of a batch: one entry per (question, entity), sorted by question, then entity.
+
+    question  [n] int64, the question (0 .. B - 1)
+    entity    [n] int64, the entity (a row of the tables' entities: the index's, or a shard's local ones)
+    weight    [n] float64, its seed score w(e) (module docstring), > 0
+    """
+
+    question: torch.Tensor
+    entity: torch.Tensor
+    weight: torch.Tensor
+
+    @staticmethod
+    def empty(device) -> "ChainSeeds":
+        none = torch.zeros(0, dtype=torch.int64, device=device)
+        return ChainSeeds(none, none, torch.zeros(0, dtype=torch.float64, device=device))
+
+    @staticmethod
+    def from_entries(question: torch.Tensor, entity: torch.Tensor, weight: torch.Tensor,
+                     num_entities: int) -> "ChainSeeds":
+        """The seeds of (question, entity, weight) entries in any order, repeats kept once with their largest weight."""
+        keys, inv = torch.unique(question * num_entities + entity, sorted=True, return_inverse=True)
+        best = torch.zeros(keys.numel(), dtype=torch.float64, device=keys.device).scatter_reduce_(
+            0, inv, weight.to(torch.float64), "amax")  # weights are > 0: reduce from 0
+        return ChainSeeds(keys // max(num_entities, 1), keys % max(num_entities, 1), best)
+
+    def union(self, other: "ChainSeeds", num_entities: int) -> "ChainSeeds":
+        """Both sets of seeds, an entity in both with the larger weight."""
+        return ChainSeeds.from_entries(torch.cat([self.question, other.question]),
+                                       torch.cat([self.entity, other.entity]),
+                                       torch.cat([self.weight, other.weight]), num_entities)
+
+    def to_dicts(self, batch: int) -> list[dict]:
+        """Per question {entity: w(e)} on the host (diagnostics and tests: this copies the seeds off the device)."""
+        out = [dict() for _ in range(batch)]
+        for b, e, w in zip(self.question.tolist(), self.entity.tolist(), self.weight.tolist()):
+            out[b][e] = w
+        return out
+
+
+def chain_sources(first: Retrieved, with_entities: torch.Tensor, used: torch.Tensor, cfg: RetrievalConfig):
+    """The source passages of a round: per question its first ``chain_passages`` passages of ``first`` that no
+    earlier round used (``used`` [B, U] int64, -1 = none), for questions with an entity (``with_entities`` [B]
+    bool; the others are answered by dense retrieval: no chain either). Returns (source [B, K] bool, at the
+    columns of first.indices, and ``used`` with this round's sources appended, [B, U + K])."""
+    idx = first.indices
+    fresh = (idx >= 0) & with_entities.to(idx.device)[:, None]
+    if used.shape[1]:
+        fresh &= ~(idx[:, :, None] == used[:, None, :]).any(dim=2)
+    source = fresh & (torch.cumsum(fresh, dim=1) <= cfg.chain_passages)
+    return source, torch.cat([used, torch.where(source, idx, torch.full_like(idx, -1))], dim=1)
+
+
+def chain_seeds(tables: ChainTables, queries: EncodedQueries, first: Retrieved, source: torch.Tensor,
+                cfg: RetrievalConfig) -> ChainSeeds:
+    """The chain seeds (module docstring) of the source passages ``source`` [B, K] bool (chain_sources) of the
+    round ``first``: for each source p of question b with share = max(score(p) / score(top), 0) (none when the
+    top score is not positive), its ``chain_sentences`` sentences of largest sigma (ties to the lower sentence;
+    title lines aside) give each entity they mention w = chain_weight * share * sigma when w > 0; an entity
+    reached several times keeps its largest w. first.indices hold rows of ``tables`` (-1: none)."""
+    idx, scores = first.indices, first.scores
+    dev = idx.device
+    if idx.shape[1] == 0:
+        return ChainSeeds.empty(dev)
+    top = scores[:, 0].double()
+    b, j = torch.nonzero(source & (top > 0)[:, None], as_tuple=True)  # the sources, by question then rank
+    share = (scores[b, j].double() / top[b]).clamp_(min=0.0)
+    owner, pos, offsets = segment_positions(tables.ps_crow, idx[b, j])  # (source, sentence) entries
+    sent = tables.ps_col[pos].to(torch.int64)
+    question = b[owner]
+    sigma = gather_sigma((tables.sentence_emb, queries.query_emb.to(dev, torch.float32)), sent, question)
+    # best first, ties to the earlier entry: the lower sentence (PS rows ascend); title lines never taken
+    sigma = torch.where(tables.ps_title[pos], torch.full_like(sigma, float("-inf")), sigma)
+    taken = top_k_per_segment(sigma, owner, offsets, cfg.chain_sentences)
+    w = (cfg.chain_weight * share[owner[taken]]) * sigma[taken].double()
+    positive = w > 0
+    sent, question, w = sent[taken][positive], question[taken][positive], w[positive]
+    at, pos, _ = segment_positions(tables.m_crow, sent)  # (sentence, entity) entries
+    return ChainSeeds.from_entries(question[at], tables.m_col[pos].to(torch.int64), w[at], tables.num_entities)
+
+
+class _SeedTexts(Sequence):
+    """EncodedQueries.entity_text of a later round: the question entities' texts, then the chain seeds' entity
+    names, read from the index only when asked for (reading them copies the seeds' rows to the host)."""
+
+    def __init__(self, head: list, names: list, entities: torch.Tensor):
+        self._head, self._names, self._entities, self._tail = list(head), names, entities, None
+
+    def __len__(self) -> int:
+        return len(self._head) + self._entities.numel()
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if i < len(self._head):
+            return self._head[i]
+        if self._tail is None:
+            self._tail = [self._names[e] for e in self._entities.tolist()]
+        return self._tail[i - len(self._head)]
+
+
+def second_round_queries(tables: ChainTables, queries: EncodedQueries, seeds: ChainSeeds) -> EncodedQueries:
+    """The questions with their own entities plus the chain seeds (scaled own embeddings, see module doc).
+    Needs tables.entity_emb."""
+    w = seeds.weight.to(torch.float32)
+    emb = tables.entity_emb.index_select(0, seeds.entity).float() * w[:, None]
+    emb = torch.cat([queries.entity_emb, emb.to(queries.entity_emb.device)])
+    owner = torch.cat([queries.entity_owner, seeds.question.to(queries.entity_owner.device)])
+    text = _SeedTexts(queries.entity_text, tables.index.entities, seeds.entity)
     # stored-vector rows (EncodedQueries.entity_rows): the question entities' stay (pipeline.py); a chain seed
     # is its entity's own vector, so its nearest entity is itself unless another entity has its encoder
     # tokens (an equal vector up to rounding): those scan (-1), as do all of them without token keys
-    unique = _tokens_unique(index)
-    extra = [e if unique is not None and unique[e] else -1 for sd in seeds for e in sorted(sd)]
-    if not extra or max(extra) < 0:
-        rows = queries.entity_rows
+    rows = queries.entity_rows
+    if tables.tokens_unique is None:
         if rows is not None:
-            rows = torch.cat([rows, torch.full((len(extra),), -1, dtype=rows.dtype, device=rows.device)])
-        return EncodedQueries(queries.query_emb, torch.cat(emb), torch.cat(owner), text, rows, queries.rows_of)
-    dev = queries.entity_owner.device
-    own = queries.entity_rows if queries.entity_rows is not None and queries.rows_of is index else None
-    own = own.to(dev) if own is not None else torch.full((queries.entity_owner.numel(),), -1, dtype=torch.int64, device=dev)
-    rows = torch.cat([own, torch.tensor(extra, dtype=torch.int64, device=dev)])
-    return EncodedQueries(queries.query_emb, torch.cat(emb), torch.cat(owner), text, rows, index)
+            rows = torch.cat([rows, torch.full((seeds.entity.numel(),), -1, dtype=rows.dtype, device=rows.device)])
+        return EncodedQueries(queries.query_emb, emb, owner, text, rows, queries.rows_of)
+    dev = owner.device
+    own = rows.to(dev) if rows is not None and queries.rows_of is tables.index else \
+        torch.full((queries.entity_owner.numel(),), -1, dtype=torch.int64, device=dev)
+    extra = torch.where(tables.tokens_unique[seeds.entity], seeds.entity, torch.full_like(seeds.entity, -1))
+    return EncodedQueries(queries.query_emb, emb, owner, text, torch.cat([own, extra.to(dev)]), tables.index)
 
 
-def passage_prior(index, queries: EncodedQueries, seeds: list[dict], cfg: RetrievalConfig) -> PassagePrior | None:
+def passage_prior(tables: ChainTables, queries: EncodedQueries, seeds: ChainSeeds,
+                  cfg: RetrievalConfig) -> PassagePrior | None:
     """Eq. 7's dense prior for a later round (module docstring): the floor cfg.chain_prior_floor, and with
     cfg.chain_bridge_prior, for each question b and passage p holding a sentence that mentions one of b's
-    chain seeds (seeds[b], entity rows of ``index``; p's title line aside), the largest cosine of b with
-    such a sentence. None when both are off (floor -1). ``index`` may be a shard's view (local rows)."""
+    chain seeds (p's title line aside), the largest cosine of b with such a sentence. None when both are off
+    (floor -1). ``tables`` may be a shard's (local rows); the entries are on the seeds' device."""
     if cfg.chain_prior_floor <= -1.0 and not cfg.chain_bridge_prior:
         return None
-    dev = queries.query_emb.device
-    if cfg.chain_bridge_prior and any(seeds):
-        # every question's (question, seed) pairs at once: the sentences mentioning a seed, each distinct
-        # (question, sentence) pair's cosine, spread over the sentence's passages (title lines aside), and
-        # the largest per (question, passage)
-        q = queries.query_emb.detach().to("cpu", torch.float32)
-        mt_crow, mt_col, sp_crow, sp_pas, sp_title = _bridge_tables(index)
-        S, P = int(sp_crow.numel() - 1), len(index.titles)
-        ents = torch.tensor([e for sd in seeds for e in sorted(sd)], dtype=torch.int64)
-        qb = torch.tensor([b for b, sd in enumerate(seeds) for _ in sd], dtype=torch.int64)
-        owner, pos, _ = segment_positions(mt_crow, ents)  # (seed, sentence) entries
-        pairs = torch.unique(qb[owner] * S + mt_col[pos])  # b * S + s, sorted
-        b, sent = pairs // S, pairs % S
-        cos = _pair_cosines(index.sentence_emb, q, sent, b)
-        owner, pos, _ = segment_positions(sp_crow, sent)  # (pair, passage) entries
-        keep = ~sp_title[pos]  # a passage's own title line names it and links nowhere new (as in chain_seeds)
-        at = owner[keep]
-        keys, inv = torch.unique(b[at] * P + sp_pas[pos][keep], return_inverse=True)  # b * P + p, sorted
-        best = torch.full((keys.numel(),), float("-inf")).scatter_reduce_(0, inv, cos[at], "amax")
-        return PassagePrior(float(cfg.chain_prior_floor), (keys % P).to(dev), (keys // P).to(dev), best.to(dev))
-    empty = torch.zeros(0, dtype=torch.int64, device=dev)
-    return PassagePrior(float(cfg.chain_prior_floor), empty, empty, torch.zeros(0, dtype=torch.float32, device=dev))
+    dev = seeds.entity.device
+    if not cfg.chain_bridge_prior or seeds.entity.numel() == 0:
+        empty = torch.zeros(0, dtype=torch.int64, device=dev)
+        return PassagePrior(float(cfg.chain_prior_floor), empty, empty, torch.zeros(0, dtype=torch.float32, device=dev))
+    # every question's (question, seed) pairs at once: the sentences mentioning a seed, each distinct
+    # (question, sentence) pair's cosine, spread over the sentence's passages (title lines aside), and
+    # the largest per (question, passage)
+    S, P = tables.num_sentences, tables.num_passages
+    owner, pos, _ = segment_positions(tables.mt_crow, seeds.entity)  # (seed, sentence) entries
+    pairs = torch.unique(seeds.question[owner] * S + tables.mt_col[pos].to(torch.int64))  # b * S + s, sorted
+    b, sent = pairs // S, pairs % S
+    cos = pair_cosines(tables.sentence_emb, queries.query_emb.to(dev, torch.float32), sent, b)
+    owner, pos, _ = segment_positions(tables.sp_crow, sent)  # (pair, passage) entries
+    keep = ~tables.sp_title[pos]  # a passage's own title line names it and links nowhere new (as in chain_seeds)
+    at = owner[keep]
+    keys, inv = torch.unique(b[at] * P + tables.sp_col[pos][keep].to(torch.int64), return_inverse=True)  # b * P + p
+    best = torch.full((keys.numel(),), float("-inf"), device=dev).scatter_reduce_(0, inv, cos[at], "amax")
+    return PassagePrior(float(cfg.chain_prior_floor), keys % P, keys // P, best)
 
 
-def _pair_cosines(sentence_emb: torch.Tensor, q: torch.Tensor, sent: torch.Tensor, b: torch.Tensor,
-                  questions: int = 32) -> torch.Tensor:
-    """<sentence_emb[sent[i]], q[b[i]]> (float32) for pairs sorted by b: per block of ``questions`` questions, one
-    product of their distinct sentences with them (a sentence that several questions reach is read once)."""
-    out = torch.empty(sent.numel(), dtype=torch.float32)
-    cuts = torch.searchsorted(b, torch.arange(0, q.shape[0] + questions, questions)).tolist()
-    for blk, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:])):
-        if hi > lo:
-            u, inv = torch.unique(sent[lo:hi], return_inverse=True)
-            first = blk * questions
-            cos = sentence_emb.index_select(0, u).float() @ q[first:first + questions].T
-            out[lo:hi] = cos[inv, b[lo:hi] - first]
-    return out
-
-
-_BRIDGE: list = [None, None]  # (the M.col, PS.col, sentences and titles objects, the tables) of the last index asked
-
-
-def _bridge_tables(index):
-    """(MT crow, MT col: entity -> sentences; SP crow, SP passages: sentence -> passages; SP title: whether
-    each (sentence, passage) entry's sentence is that passage's title line), on the CPU, cached for the last
-    index (by its M.col and PS.col tensors and its sentence and title lists: an index's matrices and strings are
-    never changed in place)."""
-    M, PS = index.M, index.PS
-    key = (M.col, PS.col, index.sentences, index.titles)
-    if _BRIDGE[0] is not None and all(a is b for a, b in zip(_BRIDGE[0], key)):
-        return _BRIDGE[1]
-    S, E = int(M.crow.numel() - 1), int(M.shape[1])
-
-    def transpose(crow, col, n_cols):
-        crow, col = crow.cpu().long(), col.cpu().long()
-        r = torch.repeat_interleave(torch.arange(crow.numel() - 1), crow[1:] - crow[:-1])
-        order = torch.argsort(col * max(crow.numel() - 1, 1) + r)
-        t_crow = torch.zeros(n_cols + 1, dtype=torch.int64)
-        t_crow[1:] = torch.cumsum(torch.bincount(col, minlength=n_cols), 0)
-        return t_crow, r[order]
-
-    mt_crow, mt_col = transpose(M.crow, M.col, E)
-    sp_crow, sp_pas = transpose(PS.crow, PS.col, S)
-    titles, sentences = [t.strip() for t in index.titles], index.sentences
-    owner = torch.repeat_interleave(torch.arange(S), sp_crow[1:] - sp_crow[:-1]).tolist()
-    sp_title = torch.tensor([bool(titles[p]) and sentences[s].strip() == titles[p]
-                             for s, p in zip(owner, sp_pas.tolist())], dtype=torch.bool)
-    _BRIDGE[:] = [key, (mt_crow, mt_col, sp_crow, sp_pas, sp_title)]
-    return _BRIDGE[1]
-
-
-_UNIQUE: list = [None, None]  # (the token hashes, whether each entity's are unique) of the last index asked
-
-
-def _tokens_unique(index):
-    """[E] bool: the entity shares its encoder tokens (TokenKeys hash) with no other entity; None without keys."""
-    keys = getattr(index, "keys", None)
-    hashes = getattr(keys, "entities", None)
-    if hashes is None or hashes.numel() != len(index.entities):
-        return None
-    if _UNIQUE[0] is not hashes:
-        _, inv, counts = torch.unique(hashes, return_inverse=True, return_counts=True)
-        _UNIQUE[:] = [hashes, (counts[inv] == 1).tolist()]
-    return _UNIQUE[1]
+def pair_cosines(sentence_emb: torch.Tensor, query_emb: torch.Tensor, sent: torch.Tensor,
+                 question: torch.Tensor) -> torch.Tensor:
+    """<sentence_emb[sent[i]], query_emb[question[i]]> as float32 for (question, sentence) pairs sorted by
+    question: one sampled product of [B, D] and [D, S] on the pairs' pattern (torch.sparse.sampled_addmm, each
+    pair's own dot product whatever the other pairs, so a question's values do not depend on its batch; 5x
+    faster than gathering both rows per pair at 38,000 pairs on the CPU). Half-precision sentence vectors, or a
+    torch or device without that product: kernels.gather_sigma (products of the rows widened to float32)."""
+    if sentence_emb.dtype == torch.float32 and sent.numel():
+        B = query_emb.shape[0]
+        crow = torch.zeros(B + 1, dtype=torch.int64, device=sent.device)
+        torch.cumsum(torch.bincount(question, minlength=B), 0, out=crow[1:])
+        with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state", invariant checks off
+            warnings.simplefilter("ignore", UserWarning)
+            pattern = torch.sparse_csr_tensor(crow, sent, torch.zeros(sent.numel(), device=sent.device),
+                                              size=(B, sentence_emb.shape[0]))
+            try:
+                return torch.sparse.sampled_addmm(pattern, query_emb, sentence_emb.T, beta=0.0).values()
+            except (RuntimeError, NotImplementedError):
+                pass
+    return gather_sigma((sentence_emb, query_emb), sent, question).float()
 
 
 def merge(first: Retrieved, second: Retrieved, keep: int, k: int) -> Retrieved:
-    """The first round's top ``keep`` passages, then the second round's ranking without them; k per question.
+    """The first round's top ``keep`` passages, then the second round's ranking without them; k per question
+    (min(k, the wider input's columns); -1 and score 0 pad a short row).
     A passage's score is its second-round score where the second round lists it (so passages that tie there
     still tie), else its first-round score."""
-    B = first.indices.shape[0]
-    fi, fs = first.indices.cpu(), first.scores.cpu()
-    si, ss = second.indices.cpu(), second.scores.cpu()
-    k = min(k, max(fi.shape[1], si.shape[1]))
-    idx = torch.full((B, k), -1, dtype=torch.int64)
-    val = torch.zeros((B, k), dtype=torch.float32)
-    for b in range(B):
-        rows, vals = [], []
-        later = {i: s for i, s in zip(si[b].tolist(), ss[b].tolist()) if i >= 0}
-        for i, s in zip(fi[b, :keep].tolist(), fs[b, :keep].tolist()):
-            if i >= 0 and i not in rows:
-                rows.append(i)
-                vals.append(later.get(i, s))
-        for i, s in zip(si[b].tolist(), ss[b].tolist()):
-            if len(rows) >= k:
-                break
-            if i >= 0 and i not in rows:
-                rows.append(i)
-                vals.append(s)
-        idx[b, :len(rows)] = torch.tensor(rows, dtype=torch.int64)
-        val[b, :len(vals)] = torch.tensor(vals, dtype=torch.float32)
     dev = first.indices.device
-    return Retrieved(idx.to(dev), val.to(first.scores.device))
+    fi, fs = first.indices[:, :keep], first.scores[:, :keep]
+    si, ss = second.indices.to(dev), second.scores.to(dev, fs.dtype)
+    B = fi.shape[0]
+    k = min(k, max(first.indices.shape[1], si.shape[1]))
+    if si.shape[1]:  # a kept passage listed by the second round takes its score there
+        listed = (fi[:, :, None] == si[:, None, :]) & (si >= 0)[:, None, :]  # [B, keep, K2]
+        column = listed.to(torch.int32).argmax(dim=2)  # where the second round lists it (once at most)
+        fs = torch.where(listed.any(dim=2), torch.gather(ss, 1, column), fs)
+    cand, val = torch.cat([fi, si], dim=1), torch.cat([fs, ss], dim=1)  # [B, L]: candidates in order
+    # each passage once, at its first place in that order
+    L = cand.shape[1]
+    earlier = torch.ones(L, L, dtype=torch.bool, device=dev).tril_(diagonal=-1)  # [j, i]: i < j
+    repeat = ((cand[:, :, None] == cand[:, None, :]) & earlier).any(dim=2)
+    ok = (cand >= 0) & ~repeat
+    place = torch.cumsum(ok, dim=1) - 1
+    place = torch.where(ok & (place < k), place, torch.full_like(place, k))  # column k: discarded
+    idx = torch.full((B, k + 1), -1, dtype=torch.int64, device=dev).scatter_(1, place, cand)
+    scores = torch.zeros((B, k + 1), dtype=val.dtype, device=dev).scatter_(1, place, val)
+    return Retrieved(idx[:, :k], scores[:, :k].to(first.scores.device))
 
 
-def chain_retrieve(run, index, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool = False):
+def chain_retrieve(run, tables: ChainTables, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool = False):
     """``1 + chain_rounds`` rounds with ``run(queries, cfg, trace) -> Retrieved`` (either backend's one-round
-    retrieve, called with chain_passages = 0). Round r + 1 is seeded by the question's entities and the
-    chain seeds of rounds 2 .. r + 1 (each from the top passages of the round before, not yet used as
-    sources); it runs with W_p = chain_passage_weight. The final list after round r + 1 is the list
-    after round r cut to r * chain_keep passages, then round r + 1's ranking. With ``trace``, ``run``
-    returns (Retrieved, trace) and so does this: the first round's trace (the question's own seeds and
-    activation), with ``chain_seeds`` set to each question's [(entity name, w)] of the later rounds."""
+    retrieve, called with chain_passages = 0) and ``tables`` on the device of run's results. Round r + 1 is
+    seeded by the question's entities and the chain seeds of rounds 2 .. r + 1 (each from the top passages of
+    the round before, not yet used as sources); it runs with W_p = chain_passage_weight. The final list after
+    round r + 1 is the list after round r cut to r * chain_keep passages, then round r + 1's ranking. With
+    ``trace``, ``run`` returns (Retrieved, trace) and so does this: the first round's trace (the question's own
+    seeds and activation), with ``chain_seeds`` set to each question's [(entity name, w)] of the later rounds."""
     one = cfg.replace(chain_passages=0)
     later = one.replace(passage_node_weight=cfg.chain_passage_weight)
     depth = max(cfg.top_k, cfg.chain_passages * (cfg.chain_rounds + 1), cfg.chain_keep * (cfg.chain_rounds + 1))
     cur = run(queries, one.replace(top_k=depth), trace)
     cur, tr1 = cur if trace else (cur, None)
     out = cur
-    skip = [set() for _ in range(queries.batch_size)]
-    seeds = [dict() for _ in range(queries.batch_size)]
-    tr = None
+    dev = cur.indices.device
+    with_entities = queries.has_entities().to(dev)
+    used = torch.zeros((queries.batch_size, 0), dtype=torch.int64, device=dev)
+    seeds = None  # the chain seeds of the rounds so far (chain_rounds >= 1: set by the first)
     for r in range(1, cfg.chain_rounds + 1):
-        for acc, new in zip(seeds, chain_seeds(index, queries, cur, cfg, skip)):
-            for e, w in new.items():
-                acc[e] = max(acc.get(e, 0.0), w)
-        q2 = second_round_queries(index, queries, seeds)
-        q2.prior = passage_prior(index, queries, seeds, cfg)
+        source, used = chain_sources(cur, with_entities, used, cfg)
+        new = chain_seeds(tables, queries, cur, source, cfg)
+        seeds = new if seeds is None else seeds.union(new, tables.num_entities)
+        q2 = second_round_queries(tables, queries, seeds)
+        q2.prior = passage_prior(tables, queries, seeds, cfg)
         cur = run(q2, later.replace(top_k=depth), False)
         out = merge(out, cur, r * cfg.chain_keep, depth)
     out = out.head(cfg.top_k)
     if not trace:
         return out
-    names = index.entities
-    tr1.chain_seeds = [[(names[e], w) for e, w in sorted(sd.items(), key=lambda x: (-x[1], x[0]))] for sd in seeds]
+    names = tables.index.entities
+    with uncounted():  # the trace's names are read on the host
+        tr1.chain_seeds = [[(names[e], w) for e, w in sorted(sd.items(), key=lambda x: (-x[1], x[0]))]
+                           for sd in seeds.to_dicts(queries.batch_size)]
     return out, tr1

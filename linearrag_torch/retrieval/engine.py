@@ -19,6 +19,7 @@ import torch
 
 from .. import kernels
 from ..env import native_half
+from . import counting
 from .activation import (Activation, ActivePairs, NearestMemo, dense_seeds, propagate_paper, propagate_reference_pairs,
                          seed_pairs)
 from ..config import RetrievalConfig
@@ -92,6 +93,7 @@ class DeviceGraph:
         self._ppr = {}
         self.nearest = NearestMemo()  # eq. 3's scan (keeping_last: a chain's later round repeats it)
         self._pair_C = None  # (C crow, C col, passages per entity, {max passages: linking entities}): pairs.rerank
+        self._chain = None  # chain.ChainTables on this device, made on first use
         self._last_cosines = None  # (questions, their passage cosines): see passage_cosines
         self._keep = False
         self._rerankers = {}  # folder ("" = the packaged model) -> rerank.Reranker on this device
@@ -124,10 +126,12 @@ class DeviceGraph:
 
     def passage_cosines(self, query_emb: torch.Tensor) -> torch.Tensor:
         """cosines(passage_emb, query_emb) [P, B]; within keeping_last the last answer is kept and given again for
-        equal question vectors (then shared: callers do not write to it)."""
+        equal question vectors (then shared: callers do not write to it). A chain's later round passes the same
+        tensor again, which is recognised without comparing values (a read on the host)."""
         last = self._last_cosines
-        if last is not None and last[0].shape == query_emb.shape and last[0].device == query_emb.device \
-                and torch.equal(last[0], query_emb):
+        if last is not None and (last[0] is query_emb or (last[0].shape == query_emb.shape and
+                                                         last[0].device == query_emb.device and
+                                                         torch.equal(last[0], query_emb))):
             return last[1]
         sim = cosines(self.passage_emb, query_emb)
         self._last_cosines = (query_emb, sim) if self._keep else None
@@ -154,6 +158,17 @@ class DeviceGraph:
         """ln(1 + N) [P, E] as torch CSR, made on first use (the engine itself uses N_logT)."""
         return self._csr("N_log", lambda: self.N_logT.to("cpu").transpose())
 
+    @property
+    def chain_tables(self):
+        """chain.ChainTables of this index on this device (PS and its transpose, title-line flags, this graph's M,
+        Mᵀ and vectors), made on first use."""
+        if self._chain is None:
+            from .chain import ChainTables
+
+            self._chain = ChainTables.build(self.index, self.device, self.sentence_emb, self.entity_emb,
+                                            (self.M_crow, self.M_col, self.MT_crow, self.MT_col))
+        return self._chain
+
     def ppr_graph(self, adjacent_passages: bool) -> PPRGraph:
         if adjacent_passages not in self._ppr:
             self._ppr[adjacent_passages] = PPRGraph.build(self.index.C, adjacent_passages, self.device)
@@ -179,7 +194,7 @@ class DeviceGraph:
                             cand.shape[0], N)
         vecs = self.passage_emb[cand.clamp(min=0)]
         return pairs.rerank(Retrieved(idx, out.scores.to(self.device)), queries.query_emb, vecs, link,
-                            pairs.has_entities(queries), cfg)
+                            queries.has_entities(), cfg)
 
     def bytes_per_question(self, cfg: RetrievalConfig | None = None) -> int:
         """Working memory of one question of a batch, in bytes (an estimate with margin)."""
@@ -220,6 +235,11 @@ class Trace:
     chain_seeds: list | None = None  # per question [(entity, seed score)] of the later rounds (chain.py)
     pair_ranks: list | None = None  # per question the ranks (1-based) before the pair rerank of its first two hits
     rerank: object = None  # rerank.Reranked of the rerank stage (rerank_stage.py), None without it
+    # what the batch asked of Python (counting.py; the trace's own diagnostics aside): the values it read back to
+    # the host (on CUDA each waits for the device) and its torch calls, which grow with the PageRank's steps,
+    # not with the batch (no step runs per question)
+    host_reads: int | None = None
+    torch_calls: int | None = None
 
 
 def activate_pairs(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig):
@@ -283,11 +303,18 @@ def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, 
     With cfg.chain_passages > 0 in reference mode, 1 + cfg.chain_rounds rounds (chain.py); with
     cfg.pair_candidates >= 2 in reference mode, the first two places hold the best pair (pairs.py); with
     cfg.rerank, the learned reranker reorders the first cfg.rerank_candidates (rerank_stage.py).
-    Runs under torch.inference_mode and returns ordinary tensors (in_inference_mode).
+    Runs under torch.inference_mode and returns ordinary tensors (in_inference_mode). A traced batch counts
+    its host reads and torch calls (Trace.host_reads, Trace.torch_calls; the count sees every torch call from
+    Python, which with the trace's own work makes a traced call some 40% slower on the CPU).
     """
     from . import pairs, rerank_stage
     from .chain import chain_retrieve, enabled as chain_enabled
 
+    if trace and counting.active() is None:  # the outermost call of a traced batch counts it
+        with counting.OpCounter() as counter:
+            out, tr = retrieve(graph, queries, cfg, trace, memory_budget)
+        tr.host_reads, tr.torch_calls = counter.host_reads, counter.calls
+        return out, tr
     if rerank_stage.enabled(cfg):
         res = retrieve(graph, queries, rerank_stage.graph_config(cfg), trace, memory_budget)
         before, tr = res if trace else (res, None)
@@ -303,15 +330,16 @@ def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, 
         out = graph.pair_rerank(queries, before, cfg).head(cfg.top_k)
         if not trace:
             return out
-        tr.pair_ranks = pairs.ranks_before(before, out)
+        with counting.uncounted():
+            tr.pair_ranks = pairs.ranks_before(before, out)
         return out, tr
     if chain_enabled(cfg):
         # the rounds of a batch that runs in one chunk share its passage cosines and eq. 3's scan (kept only
         # for the chain: a kept [P, B] product would add to a chunked batch's memory budget)
         one_chunk = queries.batch_size <= graph.questions_per_chunk(memory_budget, cfg)
         with graph.keeping_last(one_chunk):
-            return chain_retrieve(lambda q, c, t: retrieve(graph, q, c, t, memory_budget), graph.index, queries, cfg,
-                                  trace)
+            return chain_retrieve(lambda q, c, t: retrieve(graph, q, c, t, memory_budget), graph.chain_tables, queries,
+                                  cfg, trace)
     queries = queries.to(graph.device)
     B = queries.batch_size
     if cfg.use_ppr:

@@ -315,7 +315,8 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
     if lv is not None:
         e_rows = lv.row.index_select(0, reset_e.row)
         with_reset = lv.is_leaf.index_select(0, reset_e.row) & (ev > 0)
-        if bool(with_reset.any()):  # leaves with reset mass get rows of their own (_SplitLeaves)
+        # leaves with reset mass get rows of their own (_SplitLeaves); which operator to run is read once per call
+        if bool(with_reset.any()):
             split = _SplitLeaves(graph, reset_e.row[with_reset])
             e_rows[with_reset] = split.rows_of_given
             walk = split.walk
@@ -332,6 +333,7 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
     bp, be = torch.empty_like(xp), torch.empty_like(xe)
     last = torch.full_like(total, float("inf"))
     running = torch.ones_like(valid)  # over the working columns
+    n_run = B
     for _ in range(cfg.ppr_max_iter):
         change = _observed_step(walk, cols, xp, xe, wrp, wre, d, bp, be)
         xp, bp, xe, be = bp, xp, be, xe  # the new iterate; the old one is scratch
@@ -340,15 +342,17 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
         stop = (change < cfg.ppr_tol).logical_or_((change >= last).logical_and_(change < FLOOR_RULE_BELOW))
         stop.logical_and_(running)
         last = change
-        if not bool(stop.any()):
+        still = running & ~stop
+        # the convergence test: the one value a step reads back to the host (columns still running)
+        n_still = int(still.sum())
+        if n_still == n_run:
             continue
         # a finished column's reset is no longer needed: its slot takes the result. Until the next
         # compaction the column keeps being iterated (on that slot); what it computes is ignored.
         done = cols[stop]
         rp[:, done] = xp[:, stop]
         re[:, done] = xe[:, stop]
-        running = running & ~stop
-        n_run = int(running.sum())
+        running, n_run = still, n_still
         if n_run == 0:
             break
         if n_run <= 3 * running.numel() // 4:  # compact once a quarter of the working set has finished

@@ -17,19 +17,17 @@ need not hold the two largest scores. The set of the top N passages is unchanged
 exactly as before. Questions answered by dense retrieval (no question entity) keep their ranking, and so
 does a question whose top score is not positive.
 
-Both backends and the sharded engine run this: ``rerank`` on torch tensors (engine, shards), and the
-reference implementation on numpy (reference.pair_rerank). docs/QUALITY.md, mechanism 5, has the
-measurements and the choice of the settings.
+Both backends and the sharded engine run this: ``rerank`` on torch tensors (engine, shards: every question of
+a batch at once on the device, nothing read back to the host), and the reference implementation on numpy
+(reference.pair_rerank). docs/QUALITY.md, mechanism 5, has the measurements and the choice of the settings.
 """
 from __future__ import annotations
-
-import itertools
 
 import torch
 
 from ..config import RetrievalConfig
 from ..kernels import segment_positions
-from ..queries import EncodedQueries, Retrieved
+from ..queries import Retrieved
 
 
 def enabled(cfg: RetrievalConfig) -> bool:
@@ -64,21 +62,27 @@ def candidate_entities(C_crow, C_col, linking: torch.Tensor, cand: torch.Tensor)
 def linked(question: torch.Tensor, slot: torch.Tensor, entity: torch.Tensor, B: int, N: int) -> torch.Tensor:
     """[B, N, N] bool: slots i != j of question b hold passages sharing an entity, from the (question, slot,
     entity) triples of candidate_entities (each triple once)."""
-    out = torch.zeros((B, N, N), dtype=torch.bool, device=slot.device)
-    if entity.numel() == 0:
-        return out
-    E = int(entity.max()) + 1
-    key = question * E + entity
-    order = torch.argsort(key, stable=True)
-    key, slot, question = key[order], slot[order], question[order]
-    for off in range(1, N):  # a (question, entity) group holds at most N slots
-        same = key[:-off] == key[off:]
-        if not bool(same.any()):
-            break
-        b, i, j = question[:-off][same], slot[:-off][same], slot[off:][same]
-        out[b, i, j] = True
-        out[b, j, i] = True
-    return out
+    out = torch.zeros(B * N * N, dtype=torch.int32, device=slot.device)
+    n = entity.numel()
+    if n:
+        # the triples grouped by (question, entity): a group holds at most N slots, laid out as a row of a
+        # [groups, N] table (-1: none); every two slots of a row are linked
+        order = torch.argsort(entity, stable=True)
+        order = order[torch.argsort(question[order], stable=True)]
+        question, entity, slot = question[order], entity[order], slot[order]
+        starts = torch.ones(n, dtype=torch.bool, device=slot.device)
+        starts[1:] = (question[1:] != question[:-1]) | (entity[1:] != entity[:-1])
+        group = torch.cumsum(starts, 0) - 1
+        first = torch.nonzero(starts).flatten()  # each group's first triple
+        table = torch.full((first.numel(), N), -1, dtype=torch.int64, device=slot.device)
+        table[group, torch.arange(n, device=slot.device) - first[group]] = slot
+        pi, pj = torch.triu_indices(N, N, offset=1, device=slot.device)
+        i, j = table[:, pi], table[:, pj]  # [groups, pairs]
+        both = ((i >= 0) & (j >= 0)).to(torch.int32)
+        base = question[first][:, None] * N
+        out.index_add_(0, ((base + i.clamp(min=0)) * N + j.clamp(min=0)).flatten(), both.flatten())
+        out.index_add_(0, ((base + j.clamp(min=0)) * N + i.clamp(min=0)).flatten(), both.flatten())
+    return (out > 0).view(B, N, N)
 
 
 def rerank(out: Retrieved, query_emb: torch.Tensor, cand_emb: torch.Tensor, link: torch.Tensor,
@@ -92,7 +96,7 @@ def rerank(out: Retrieved, query_emb: torch.Tensor, cand_emb: torch.Tensor, link
     if N < 2 or B == 0:
         return out
     dev = idx.device
-    pi, pj = (torch.tensor(x, dtype=torch.int64, device=dev) for x in zip(*itertools.combinations(range(N), 2)))
+    pi, pj = torch.triu_indices(N, N, offset=1, device=dev)  # the pairs i < j in the order (0, 1), (0, 2), ...
     q = query_emb.to(dev, torch.float32)
     v = cand_emb.to(dev, torch.float32)
     s = scores[:, :N].to(torch.float32)
@@ -116,13 +120,6 @@ def rerank(out: Retrieved, query_emb: torch.Tensor, cand_emb: torch.Tensor, link
     order = torch.argsort(rank, dim=1)
     order = torch.where(use[:, None], order, cols)
     return Retrieved(torch.gather(idx, 1, order), torch.gather(scores, 1, order))
-
-
-def has_entities(queries: EncodedQueries) -> torch.Tensor:
-    """[B] bool: the questions with at least one entity (the others are answered by dense retrieval)."""
-    active = torch.zeros(queries.batch_size, dtype=torch.bool)
-    active[queries.entity_owner.cpu()] = True
-    return active
 
 
 def ranks_before(before: Retrieved, after: Retrieved) -> list:

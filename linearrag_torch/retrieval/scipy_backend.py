@@ -202,7 +202,7 @@ def retrieve(index: TriGraphIndex, queries: EncodedQueries, config: RetrievalCon
     With config.chain_passages > 0 in reference mode, 1 + config.chain_rounds rounds (chain.py); with
     config.pair_candidates >= 2 in reference mode, the first two places hold the best pair (pair_rerank)."""
     from . import pairs
-    from .chain import chain_retrieve, enabled as chain_enabled
+    from .chain import ChainTables, chain_retrieve, enabled as chain_enabled
 
     if pairs.enabled(config):
         if prepared is None or prepared["adjacent_passages"] != config.adjacent_passages:
@@ -212,7 +212,9 @@ def retrieve(index: TriGraphIndex, queries: EncodedQueries, config: RetrievalCon
     if chain_enabled(config):
         if prepared is None or prepared["adjacent_passages"] != config.adjacent_passages:
             prepared = prepare(index, config)
-        return chain_retrieve(lambda q, c, t: retrieve(index, q, c, prepared), index, queries, config)
+        if "chain_tables" not in prepared:
+            prepared["chain_tables"] = ChainTables.build(index, "cpu")
+        return chain_retrieve(lambda q, c, t: retrieve(index, q, c, prepared), prepared["chain_tables"], queries, config)
     P = index.num_passages
     B = queries.batch_size
     k = min(config.top_k, P)
