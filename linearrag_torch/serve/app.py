@@ -1,4 +1,5 @@
-"""The standalone server: a FastAPI app around one LinearRAGService, run by uvicorn (`linearrag serve`)."""
+"""The standalone server: a FastAPI app around one HTTP front (a LinearRAGService, or an HTTPFront over another
+engine host such as Ray's), run by uvicorn (`linearrag serve`)."""
 from __future__ import annotations
 
 import hmac
@@ -11,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from .. import __version__
+from .front import HTTPFront
 from .service import LinearRAGService
 from .settings import ServeSettings
 
@@ -35,8 +37,9 @@ class _DocsAuth:
         return await self.app(scope, receive, send)
 
 
-def create_app(service: LinearRAGService) -> FastAPI:
-    """A FastAPI app serving ``service`` at the root; its lifespan starts and stops the service."""
+def create_app(service: LinearRAGService | HTTPFront) -> FastAPI:
+    """A FastAPI app serving ``service`` (a LinearRAGService, or an HTTPFront) at the root; its lifespan starts
+    and stops the engine host."""
     local_docs = importlib.util.find_spec("fastapi_offline") is not None  # else FastAPI's pages (assets from a CDN)
     app = FastAPI(title="linearrag_torch", version=__version__, lifespan=service.lifespan,
                   description="LinearRAG graph retrieval: POST /v1/search with dynamic batching. "
