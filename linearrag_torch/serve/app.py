@@ -7,12 +7,13 @@ import importlib.util
 import logging
 import signal
 import sys
+import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from .. import __version__
-from .front import HTTPFront
+from .front import EarlyAdmission, HTTPFront
 from .service import LinearRAGService
 from .settings import ServeSettings
 
@@ -48,6 +49,7 @@ def create_app(service: LinearRAGService | HTTPFront) -> FastAPI:
     if local_docs:
         add_doc_pages(app)
     app.include_router(service.router)
+    app.add_middleware(EarlyAdmission, front=getattr(service, "front", service))
     if service.settings.api_key:
         app.add_middleware(_DocsAuth, key=service.settings.api_key)
     app.state.linearrag = service
@@ -103,6 +105,29 @@ def _server_class():
     return Server
 
 
+class RefusalLogSampler(logging.Filter):
+    """On uvicorn's access log: of the 429s and 503s (refusals) at most one line a second, the next one saying
+    how many were not logged. Under overload thousands of refusals a second would each cost a log line, CPU the
+    engine needs; /metrics counts every one (linearrag_failures_total)."""
+
+    def __init__(self, every_s: float = 1.0):
+        super().__init__()
+        self.every_s, self.last, self.skipped = every_s, float("-inf"), 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5 and args[4] in (429, 503):
+            now = time.monotonic()
+            if now - self.last < self.every_s:
+                self.skipped += 1
+                return False
+            self.last = now
+            if self.skipped:
+                record.msg = f"{record.msg} (and {self.skipped} more refusals not logged)"
+                self.skipped = 0
+        return True
+
+
 def connection_limit(settings: ServeSettings) -> int:
     """Open connections (and their tasks) uvicorn accepts before it answers 503 itself."""
     return 8 * settings.max_concurrent + 64
@@ -116,12 +141,15 @@ def serve(index_dir, settings: ServeSettings, llm=None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     service = LinearRAGService(index_dir, settings, llm=llm)
     app = create_app(service)
-    # open connections are bounded too: past 8x --max-concurrent (+64 for probes) uvicorn answers 503;
-    # one access log line per request at --log-level info (the default) or debug
+    # open connections are bounded too: past 8x --max-concurrent (+64 for probes) uvicorn answers 503, and the
+    # kernel's queue of connections not yet accepted is as long (uvicorn's backlog); one access log line per
+    # request at --log-level info (the default) or debug, refusals sampled (RefusalLogSampler)
+    limit = connection_limit(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=settings.graceful_timeout, access_log=True,
-                            limit_concurrency=connection_limit(settings))
+                            limit_concurrency=limit, backlog=min(2048, limit))
     server = _server_class()(config)
+    logging.getLogger("uvicorn.access").addFilter(RefusalLogSampler())
     failed = []
 
     def fatal(exc):

@@ -12,13 +12,16 @@ import asyncio
 import hmac
 import json
 import logging
+import math
 import time
+import uuid
 
 from fastapi import APIRouter, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
+from .admission import Admission
 from .engine_host import ReloadRefused
 from .metrics import CONTENT_TYPE_LATEST
 from .schemas import SearchResponse, cut_echo, hit_dict, search_request_model
@@ -31,6 +34,49 @@ class HTTPError(Exception):
         self.status, self.detail, self.reason, self.headers = status, detail, reason, headers or {}
 
 
+REQUEST_ID_HEADER = "x-request-id"  # a client's own id (printable, at most 64 characters) is kept, else one is made
+DEADLINE_HEADER = "x-request-timeout"  # seconds the client waits for its answer (at most the server's --timeout)
+SEARCH_ROUTES = ("/v1/search", "/v1/answer")
+_ADMITTED = "linearrag.admitted"  # scope["state"] key: the request's place, taken by EarlyAdmission
+_REQUEST_ID = "linearrag.request_id"
+
+
+def request_id(scope) -> str:
+    """The request's id: the one EarlyAdmission gave it, else the client's X-Request-ID if sane, else a new one."""
+    state = scope.setdefault("state", {})
+    rid = state.get(_REQUEST_ID)
+    if rid is None:
+        given = _header(scope, REQUEST_ID_HEADER.encode())
+        rid = given.decode("ascii") if given and len(given) <= 64 and all(33 <= c < 127 for c in given) \
+            else uuid.uuid4().hex
+        state[_REQUEST_ID] = rid
+    return rid
+
+
+def _header(scope, name: bytes) -> bytes | None:
+    for k, v in scope["headers"]:
+        if k == name:
+            return v
+    return None
+
+
+class Place:
+    """A request's place among the ``max_concurrent`` in flight; ``release()`` gives it back (once)."""
+
+    __slots__ = ("front", "deadline", "held")
+
+    def __init__(self, front: "HTTPFront", deadline: float):
+        self.front, self.deadline, self.held = front, deadline, True
+        front.admission.in_flight += 1
+        front.metrics.in_flight.inc()
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.front.admission.in_flight -= 1
+            self.front.metrics.in_flight.dec()
+
+
 class HTTPFront:
     """The routes (``router``) and admission of one engine host. ``llm``: a generation.LLM for POST /v1/answer
     (None: that route answers 503). ``lifespan`` starts and stops the host."""
@@ -40,7 +86,9 @@ class HTTPFront:
         self.settings = host.settings
         self.metrics = host.metrics
         self.llm = llm
-        self.in_flight = 0
+        self.admission = Admission(getattr(host, "max_in_flight", self.settings.max_concurrent),
+                                   engines=getattr(host, "engines", 1))
+        self.metrics.batch_listeners.append(self.admission.on_batch)
         self.SearchRequest = search_request_model(self.settings)
         self.router = self._make_router()
 
@@ -48,15 +96,56 @@ class HTTPFront:
     def lifespan(self):
         return self.host.lifespan
 
+    @property
+    def in_flight(self) -> int:
+        return self.admission.in_flight
+
+    # ------------------------------------------------------------------ admission
+    def deadline(self, scope) -> float:
+        """Seconds the request may take: its X-Request-Timeout when it gives one (a positive number), at most
+        the server's --timeout."""
+        given = _header(scope, DEADLINE_HEADER.encode()) if scope is not None else None
+        if given is None:
+            return self.settings.timeout
+        try:
+            value = float(given)
+        except ValueError:
+            value = float("nan")
+        if not value > 0 or math.isinf(value):
+            raise HTTPError(422, [{"type": "value_error", "loc": ["header", DEADLINE_HEADER],
+                                   "msg": "X-Request-Timeout must be a positive number of seconds"}], "invalid")
+        return min(value, self.settings.timeout)
+
+    def admit(self, deadline: float) -> Place:
+        """A place for one more request, or HTTPError: 503 before the index is ready, 429 with Retry-After past
+        max_concurrent or when the queue would hold it past ``deadline`` (admission.py)."""
+        self._check_ready()
+        refused = self.admission.refusal(deadline)
+        if refused is not None:
+            raise self._overloaded(*refused)
+        return Place(self, deadline)
+
+    def refuse_if_busy(self) -> None:
+        """503 before the index is ready, 429 (with Retry-After) when a request would be refused now."""
+        self._check_ready()
+        refused = self.admission.refusal(self.settings.timeout)
+        if refused is not None:
+            raise self._overloaded(*refused)
+
+    @staticmethod
+    def _overloaded(why: str, retry_after: int) -> HTTPError:
+        return HTTPError(429, f"{why}; retry after {retry_after} s", "overloaded", {"Retry-After": str(retry_after)})
+
     # ------------------------------------------------------------------ requests
-    async def search(self, body: dict) -> dict:
-        """Validate a /v1/search body, answer it through the batcher (used by the route; callable directly)."""
+    async def search(self, body: dict, place: Place | None = None, rid: str | None = None) -> dict:
+        """Validate a /v1/search body, answer it through the engine host (used by the route; callable directly,
+        when it takes a place among the requests in flight itself)."""
         req = self._validate(body)
-        questions, hits = await self._admitted(self._hits, req)
+        questions, hits = await self._admitted(self._hits, req, place, rid)
         return {"results": [
             {"question": q, "hits": [hit_dict(h, req.include_text) for h in hs]} for q, hs in zip(questions, hits)]}
 
-    async def answer(self, body: dict) -> dict:
+    async def answer(self, body: dict, place: Place | None = None, rid: str | None = None) -> dict:
         """/v1/answer: the /v1/search body; the questions' hits (batched as for search) go to the chat model."""
         from ..answers.generation import LLMError, aanswer_batch
 
@@ -65,22 +154,30 @@ class HTTPFront:
             raise HTTPError(503, "no chat model configured: start the server with --llm-base-url and --llm-model "
                                  "(or LINEARRAG_LLM_BASE_URL / LINEARRAG_LLM_MODEL)", "llm_error")
 
-        async def work(r):
-            questions, hits = await self._hits(r)
+        async def work(r, deadline):
+            questions, hits = await self._hits(r, deadline)
             try:
                 return await aanswer_batch(hits, questions, self.llm, top_k=max(1, max(map(len, hits), default=1)))
             except LLMError as exc:
                 raise HTTPError(502, str(exc), "llm_error") from None
 
-        answers = await self._admitted(work, req)
+        answers = await self._admitted(work, req, place, rid)
         return {"results": [a.to_dict(include_text=req.include_text) for a in answers]}
 
-    async def _hits(self, req):
-        """(questions, hits per question) of a validated request, through the batcher."""
-        questions = req.questions if req.questions is not None else [req.question]
+    @staticmethod
+    def _questions(req) -> list:
+        return req.questions if req.questions is not None else [req.question]
+
+    async def _hits(self, req, deadline: float):
+        """(questions, hits per question) of a validated request, through the engine host, within ``deadline``."""
+        questions = self._questions(req)
         top_k = req.top_k or self.host.default_top_k
-        hits = await asyncio.wait_for(self.host.hits(self.batch_key(req), [(q, top_k) for q in questions]),
-                                      self.settings.timeout)
+        self.admission.questions += len(questions)
+        try:
+            hits = await asyncio.wait_for(self.host.hits(self.batch_key(req), [(q, top_k) for q in questions]),
+                                          deadline)
+        finally:
+            self.admission.questions -= len(questions)
         return questions, hits
 
     @staticmethod
@@ -89,33 +186,32 @@ class HTTPFront:
         return tuple(sorted((k, getattr(req, k)) for k in type(req).model_fields
                             if k not in ("question", "questions", "top_k", "include_text") and getattr(req, k) is not None))
 
-    async def _admitted(self, work, req):
-        """Run ``work(req)`` as one request in flight: 503 before the index is ready, 429 past max_concurrent,
-        504 when its search is not answered within the timeout (the chat model has its own timeouts)."""
-        self.refuse_if_busy()
-        self.in_flight += 1
-        self.metrics.in_flight.inc()
+    async def _admitted(self, work, req, place: Place | None = None, rid: str | None = None):
+        """Run ``work(req, deadline)`` as one request in flight (in ``place``, else in a place taken here): 429
+        when its questions would wait past its deadline, 504 when they are not answered within it (the chat
+        model has its own timeouts), 500 naming the request id when the engine fails."""
+        own = place is None
+        if own:
+            place = self.admit(self.settings.timeout)
         try:
-            return await work(req)
+            n = len(self._questions(req))
+            refused = self.admission.refusal(place.deadline, n, admitted=True) if n > 1 else None
+            if refused is not None:
+                raise self._overloaded(*refused)
+            return await work(req, place.deadline)
         except asyncio.TimeoutError:
-            raise HTTPError(504, f"not answered within {self.settings.timeout} s", "timeout") from None
+            raise HTTPError(504, f"not answered within {place.deadline:g} s", "timeout") from None
         except HTTPError:
             raise
         except Exception as exc:  # noqa: BLE001
-            log.exception("engine error")
-            raise HTTPError(500, f"engine error: {type(exc).__name__}: {exc}", "engine_error") from None
+            rid = rid or uuid.uuid4().hex
+            log.error("engine error (request %s): %s: %s", rid, type(exc).__name__, exc, exc_info=exc)
+            raise HTTPError(500, f"engine error (request {rid}): {type(exc).__name__}: {exc}",
+                            "engine_error") from None
         finally:
-            self.in_flight -= 1
-            self.metrics.in_flight.dec()
+            if own:
+                place.release()
             self.metrics.queued.set(self.host.queued)
-
-    def refuse_if_busy(self) -> None:
-        """503 before the index is ready, 429 (Retry-After: 1) while max_concurrent requests are in flight. The
-        routes call it before reading the body too, so that a refused request costs the least."""
-        self._check_ready()
-        if self.in_flight >= self.settings.max_concurrent:
-            raise HTTPError(429, f"more than {self.settings.max_concurrent} requests in flight; retry shortly",
-                            "overloaded", {"Retry-After": "1"})
 
     def _validate(self, body):
         try:
@@ -139,16 +235,26 @@ class HTTPFront:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise HTTPError(413, f"request body of {declared} bytes is over the limit of {limit}", "body_too_large")
-        chunks, n = [], 0
-        async for chunk in request.stream():
-            n += len(chunk)
-            if n > limit:
-                raise HTTPError(413, f"request body is over the limit of {limit} bytes", "body_too_large")
-            chunks.append(chunk)
+        chunks = []
+
+        async def read():
+            n = 0
+            async for chunk in request.stream():
+                n += len(chunk)
+                if n > limit:
+                    raise HTTPError(413, f"request body is over the limit of {limit} bytes", "body_too_large")
+                chunks.append(chunk)
+
+        try:  # a client sending its body slowly holds its place at most this long
+            await asyncio.wait_for(read(), self.settings.body_timeout)
+        except asyncio.TimeoutError:
+            raise HTTPError(408, f"request body not received within {self.settings.body_timeout:g} s",
+                            "body_timeout") from None
         try:
             return json.loads(b"".join(chunks))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            msg = exc.msg if isinstance(exc, json.JSONDecodeError) else \
+                "nested too deeply" if isinstance(exc, RecursionError) else "not UTF-8"
             raise HTTPError(422, [{"type": "json_invalid", "loc": ["body"], "msg": f"invalid JSON: {msg}"}],
                             "invalid") from None
 
@@ -159,13 +265,15 @@ class HTTPFront:
                 "in_flight": self.in_flight}
 
     # ------------------------------------------------------------------ routes
-    def _auth(self, request: Request) -> None:
+    def authorized(self, scope) -> bool:
         key = self.settings.api_key
         if not key:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            return True
+        scheme, _, token = (_header(scope, b"authorization") or b"").partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key.encode())
+
+    def _auth(self, request: Request) -> None:
+        if not self.authorized(request.scope):
             raise HTTPError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')", "unauthorized",
                             {"WWW-Authenticate": "Bearer"})
 
@@ -190,10 +298,25 @@ class HTTPFront:
                 svc._auth(request)
                 result = await work()
             except HTTPError as err:
-                return svc._respond(route, t0, error=err)
-            if isinstance(result, Response):
-                return svc._respond(route, t0, raw=result)
-            return svc._respond(route, t0, result)
+                resp = svc._respond(route, t0, error=err)
+            else:
+                resp = svc._respond(route, t0, raw=result) if isinstance(result, Response) else \
+                    svc._respond(route, t0, result)
+            resp.headers[REQUEST_ID_HEADER] = request_id(request.scope)
+            return resp
+
+        async def admitted(request: Request, work):
+            """``work(body, place, request id)`` in the place EarlyAdmission took for the request, else in one
+            taken here (a router mounted in another app), before the body is read."""
+            place = request.scope.get("state", {}).get(_ADMITTED)
+            own = place is None
+            if own:
+                place = svc.admit(svc.deadline(request.scope))
+            try:
+                return await work(await svc.read_json(request), place, request_id(request.scope))
+            finally:
+                if own:
+                    place.release()
 
         @router.post("/v1/search", response_model=SearchResponse, summary="Top-k passages for each question",
                      openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
@@ -204,10 +327,7 @@ class HTTPFront:
                                 "503": {"description": "index not loaded yet"},
                                 "504": {"description": "not answered within the timeout"}})
         async def search(request: Request):
-            async def work():
-                svc.refuse_if_busy()
-                return await svc.search(await svc.read_json(request))
-            return await guarded("/v1/search", request, work)
+            return await guarded("/v1/search", request, lambda: admitted(request, svc.search))
 
         @router.post("/v1/answer", summary="An answer from the chat model over each question's top-k passages",
                      openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
@@ -215,10 +335,7 @@ class HTTPFront:
                      responses={**auth_doc, "502": {"description": "the chat model's endpoint failed (URL and status)"},
                                 "503": {"description": "index not loaded yet, or no chat model configured"}})
         async def answer(request: Request):
-            async def work():
-                svc.refuse_if_busy()
-                return await svc.answer(await svc.read_json(request))
-            return await guarded("/v1/answer", request, work)
+            return await guarded("/v1/answer", request, lambda: admitted(request, svc.answer))
 
         @router.get("/health", summary="200 when the index and models are loaded, else 503")
         async def health():
@@ -252,3 +369,89 @@ class HTTPFront:
             return await guarded("/admin/reload", request, work)
 
         return router
+
+
+# ---------------------------------------------------------------------------------------------- early admission
+class EarlyAdmission:
+    """Pure ASGI middleware in front of the app (``create_app`` adds it): a POST to /v1/search or /v1/answer is
+    admitted or refused (429 with Retry-After, 503 before the index is ready) from its headers alone, before
+    its body is read and before FastAPI routes it or pydantic sees it, so that under overload a refusal costs
+    the server little. An admitted request keeps its place until its response is sent; if its client goes away
+    before then, its work is cancelled (questions still queued leave the queue without costing the engine) and
+    counted as linearrag_failures_total{reason="client_gone"}. Open connections are bounded by uvicorn itself
+    (``limit_concurrency``: 503)."""
+
+    def __init__(self, app, front: HTTPFront):
+        self.app, self.front = app, front
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in SEARCH_ROUTES:
+            return await self.app(scope, receive, send)
+        front = self.front
+        rid = request_id(scope)
+        if not front.authorized(scope):
+            return await self.app(scope, receive, send)  # the route answers 401
+        t0 = time.perf_counter()
+        try:
+            place = front.admit(front.deadline(scope))
+        except HTTPError as err:
+            return await self._refuse(scope, send, err, rid, t0)
+        scope["state"][_ADMITTED] = place
+        try:
+            await self._watched(scope, receive, send)
+        finally:
+            place.release()
+
+    async def _refuse(self, scope, send, err: HTTPError, rid: str, t0: float) -> None:
+        metrics = self.front.metrics
+        if err.reason:
+            metrics.failures.labels(err.reason).inc()
+        body = json.dumps({"detail": err.detail}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (REQUEST_ID_HEADER.encode(), rid.encode()),
+                   *((k.lower().encode(), str(v).encode()) for k, v in err.headers.items())]
+        await send({"type": "http.response.start", "status": err.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        metrics.request_seconds.labels(scope["path"], str(err.status)).observe(time.perf_counter() - t0)
+
+    async def _watched(self, scope, receive, send) -> None:
+        """The app, cancelled if the client disconnects before the response is sent. Once the app has read the
+        whole body it does not call receive() again, so the middleware listens for the disconnect itself."""
+        body_read = asyncio.Event()
+        sent = False
+
+        async def receive_body():
+            message = await receive()
+            if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                body_read.set()
+            return message
+
+        async def send_marked(message):
+            nonlocal sent
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                sent = True
+            await send(message)
+
+        app = asyncio.ensure_future(self.app(scope, receive_body, send_marked))
+        waiter = asyncio.ensure_future(body_read.wait())
+        listener, gone = None, False
+        try:
+            await asyncio.wait((app, waiter), return_when=asyncio.FIRST_COMPLETED)
+            if not app.done():
+                listener = asyncio.ensure_future(receive())
+                await asyncio.wait((app, listener), return_when=asyncio.FIRST_COMPLETED)
+                if not app.done() and not sent and listener.result()["type"] == "http.disconnect":
+                    gone = True
+                    app.cancel()
+                    self.front.metrics.failures.labels("client_gone").inc()
+            try:
+                await app
+            except asyncio.CancelledError:
+                if not gone:
+                    raise
+        finally:
+            for t in (waiter, listener):
+                if t is not None and not t.done():
+                    t.cancel()
+            if not app.done():
+                app.cancel()

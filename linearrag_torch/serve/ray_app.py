@@ -292,6 +292,10 @@ class RayEngineHost:
         self.fingerprint: str | None = None
         self.loaded_at: float | None = None
         self.default_top_k = 5
+        bounds = ray_settings.autoscale_bounds()
+        self.engines = ray_settings.replicas or (bounds[1] if bounds else 1)  # replicas answering in parallel
+        # the front admits what the replicas take at once and Ray queues; Ray's backpressure stays the backstop
+        self.max_in_flight = self.engines * settings.max_concurrent + ray_settings.max_queued
         self.queued = 0  # the questions wait in Ray's queues (each replica's /info: queued_questions)
 
     async def start(self) -> None:
