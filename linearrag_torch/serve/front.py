@@ -398,7 +398,7 @@ class EarlyAdmission:
             return await self._refuse(scope, send, err, rid, t0)
         scope["state"][_ADMITTED] = place
         try:
-            await self._watched(scope, receive, send)
+            await self._watched(scope, receive, send, place)
         finally:
             place.release()
 
@@ -414,9 +414,11 @@ class EarlyAdmission:
         await send({"type": "http.response.body", "body": body})
         metrics.request_seconds.labels(scope["path"], str(err.status)).observe(time.perf_counter() - t0)
 
-    async def _watched(self, scope, receive, send) -> None:
+    async def _watched(self, scope, receive, send, place: Place) -> None:
         """The app, cancelled if the client disconnects before the response is sent. Once the app has read the
-        whole body it does not call receive() again, so the middleware listens for the disconnect itself."""
+        whole body it does not call receive() again, so the middleware listens for the disconnect itself. The
+        place is given back as the response's last bytes go out (a closed-loop client's next request may come
+        in before this task runs again)."""
         body_read = asyncio.Event()
         sent = False
 
@@ -430,6 +432,7 @@ class EarlyAdmission:
             nonlocal sent
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 sent = True
+                place.release()
             await send(message)
 
         app = asyncio.ensure_future(self.app(scope, receive_body, send_marked))
