@@ -247,3 +247,46 @@ def test_a_damaged_index_reloaded_under_load_is_refused_with_no_failed_request(s
         assert statuses and set(statuses) == {200}, statuses
         assert service.fingerprint == before and service.ready
 
+
+# ------------------------------------------------------------------------------------------ the benchmark's modes
+def test_overload_and_soak_benchmark_modes_end_to_end(small_index_dir, small_questions, tmp_path):
+    """benchmarks.serve --overload and --soak on tiny phases (the real runs: docs/benchmarks/serve.md): the JSON
+    holds every phase with its goodput against the capacity of the same run, the soak its failures, slopes,
+    reloads and p99 windows; both plots are written; the servers stop by themselves."""
+    pytest.importorskip("aiohttp")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import write_jsonl
+
+    qfile = write_jsonl(tmp_path / "questions.jsonl", small_questions)
+    root = Path(__file__).resolve().parents[1]
+    common = ["--index", str(small_index_dir), "--questions", str(qfile), "--max-concurrent", "2",
+              "--client-processes", "1", "--timeout", "20"]
+    out = tmp_path / "overload.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.serve", "--overload", "--json", str(out), "--duration",
+                           "1.5", "--overload-factors", "4", *common], cwd=root, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    phases = [r["phase"] for r in res["phases"]]
+    assert phases == ["capacity", "4x aggressive", "4x well-behaved", "recovery"] and res["exit_code"] == 0
+    assert res["capacity_qps"] > 0 and res["phases"][0]["clients"] == 2
+    for r in res["phases"][1:3]:
+        assert r["clients"] == 8 and r["goodput_qps"] == r["throughput_qps"] and r["goodput_share"] > 0
+        assert set(r["statuses"]) <= {"200", "429", "503"} and set(r["checks"]) == {"goodput", "p99", "statuses", "rss"}
+    assert "recovered" in res["phases"][-1] and out.with_suffix(".png").stat().st_size > 0
+
+    out = tmp_path / "soak.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.serve", "--soak", "6", "--json", str(out),
+                           "--reload-every", "2", "--sample-every", "1", "--soak-capacity-s", "1", *common],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    assert res["requests"] > 0 and res["failed"] == 0, res["statuses"]
+    assert res["reloads_ok"] >= 2 and all(r["status"] == 200 for r in res["reloads"])
+    assert len(res["samples"]) >= 5 and all(s["open_fds"] > 0 for s in res["samples"])
+    assert res["rss_slope_bytes_per_min"] is not None and res["open_fds_slope_per_min"] is not None
+    assert set(res["latency_by_size"]) == {"1", "4", "16"} and res["p99_windows"]
+    assert out.with_suffix(".png").stat().st_size > 0 and res["exit_code"] == 0
