@@ -38,9 +38,11 @@ class _DocsAuth:
         return await self.app(scope, receive, send)
 
 
-def create_app(service: LinearRAGService | HTTPFront) -> FastAPI:
+def create_app(service: LinearRAGService | HTTPFront, early_admission: bool = True) -> FastAPI:
     """A FastAPI app serving ``service`` (a LinearRAGService, or an HTTPFront) at the root; its lifespan starts
-    and stops the engine host."""
+    and stops the engine host. ``early_admission``: with the EarlyAdmission middleware inside the app (False:
+    the caller wraps the app in it, outside FastAPI, as ``serve`` does: a refusal then skips FastAPI's own call
+    too)."""
     local_docs = importlib.util.find_spec("fastapi_offline") is not None  # else FastAPI's pages (assets from a CDN)
     app = FastAPI(title="linearrag_torch", version=__version__, lifespan=service.lifespan,
                   description="LinearRAG graph retrieval: POST /v1/search with dynamic batching. "
@@ -49,7 +51,8 @@ def create_app(service: LinearRAGService | HTTPFront) -> FastAPI:
     if local_docs:
         add_doc_pages(app)
     app.include_router(service.router)
-    app.add_middleware(EarlyAdmission, front=getattr(service, "front", service))
+    if early_admission:
+        app.add_middleware(EarlyAdmission, front=getattr(service, "front", service))
     if service.settings.api_key:
         app.add_middleware(_DocsAuth, key=service.settings.api_key)
     app.state.linearrag = service
@@ -140,7 +143,7 @@ def serve(index_dir, settings: ServeSettings, llm=None) -> int:
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     service = LinearRAGService(index_dir, settings, llm=llm)
-    app = create_app(service)
+    app = EarlyAdmission(create_app(service, early_admission=False), service.front)  # outermost: refusals cost least
     # open connections are bounded too: past 8x --max-concurrent (+64 for probes) uvicorn answers 503, and the
     # kernel's queue of connections not yet accepted is as long (uvicorn's backlog); one access log line per
     # request at --log-level info (the default) or debug, refusals sampled (RefusalLogSampler)
