@@ -248,6 +248,43 @@ def test_a_damaged_index_reloaded_under_load_is_refused_with_no_failed_request(s
         assert service.fingerprint == before and service.ready
 
 
+
+def test_a_killed_ner_worker_under_load_fails_no_request(small_rag, small_questions):
+    """--ner-processes 2: a NER worker process killed (SIGKILL) while batches of 20 questions use it: its batch
+    falls back to NER in process, every request is answered 200, and the pool starts new workers."""
+    import os
+    import signal
+
+    from test_serve import serving
+
+    qs = [q["question"] for q in small_questions]
+    body = {"questions": [qs[i % len(qs)] + f" ({i})" for i in range(20)], "top_k": 3}
+    with serving(small_rag, ner_processes=2) as (url, service):
+        pool = service.rag.ner_pool
+        victims = list(pool._pool._processes)
+        statuses = []
+
+        def client():
+            with httpx.Client(timeout=TIMEOUT) as c:
+                for _ in range(6):  # bounded
+                    statuses.append(c.post(url + "/v1/search", json=body).status_code)
+
+        threads = [threading.Thread(target=client) for _ in range(2)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        os.kill(victims[0], signal.SIGKILL)
+        for t in threads:
+            t.join(TIMEOUT * 2)
+        assert statuses == [200] * 12, statuses
+        deadline = time.monotonic() + 120
+        while not pool.running:  # replaced
+            assert time.monotonic() < deadline, "the NER workers were not replaced"
+            time.sleep(0.1)
+        assert pool.restarts == 1 and not set(pool._pool._processes) & set(victims)
+        assert httpx.post(url + "/v1/search", json=body, timeout=TIMEOUT).status_code == 200
+
+
 # ------------------------------------------------------------------------------------------ the benchmark's modes
 def test_overload_and_soak_benchmark_modes_end_to_end(small_index_dir, small_questions, tmp_path):
     """benchmarks.serve --overload and --soak on tiny phases (the real runs: docs/benchmarks/serve.md): the JSON
