@@ -191,6 +191,41 @@ def test_slow_and_deeply_nested_bodies_are_bounded(small_rag):
         assert metric(url, 'linearrag_failures_total{reason="body_timeout"}') == 1
 
 
+
+def test_clients_that_leave_mid_request_leak_nothing(small_rag):
+    """40 clients that go away mid-request (20 with half a body sent, 20 after a whole body, before the answer),
+    then 20 that send nothing after their headers until the body timeout: afterwards no request is in flight,
+    nothing is queued, the server's open file descriptors are back to what they were, and it answers."""
+    import os
+
+    def open_fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc")
+    with slow_serving(small_rag, 0.2, max_concurrent=64, max_batch_size=4, body_timeout=1.0) as (url, service):
+        httpx.post(url + "/v1/search", json={"question": "Who warms up?"}, timeout=TIMEOUT)
+        before = open_fds()
+        body = json.dumps({"question": "Who leaves?"}).encode()
+        socks = [raw_request(url, body[:len(body) // 2], declared=len(body)) for _ in range(20)]
+        socks += [raw_request(url, body) for _ in range(20)]
+        time.sleep(0.3)
+        for s in socks:
+            s.close()
+        idle = [raw_request(url, b"", declared=len(body)) for _ in range(20)]
+        for s in idle:  # each gets its 408 after the body timeout
+            status, _, _ = read_response(s)
+            assert status == 408
+            s.close()
+        deadline = time.monotonic() + TIMEOUT
+        while service.in_flight or service.batcher.queued or open_fds() > before + 2:
+            assert time.monotonic() < deadline, (service.in_flight, service.batcher.queued, open_fds(), before)
+            time.sleep(0.05)
+        service.delay = 0.0
+        assert httpx.post(url + "/v1/search", json={"question": "Who stayed?"}, timeout=TIMEOUT).status_code == 200
+        assert metric(url, 'linearrag_failures_total{reason="client_gone"}') >= 20  # the half bodies, at least
+
+
 # ------------------------------------------------------------------------------------------ faults
 class FailingOnce(LinearRAGService):
     """The real service whose engine call raises once, for the batch holding the question 'Boom?'."""

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 
 from .admission import Admission
 from .engine_host import ReloadRefused
@@ -251,6 +252,8 @@ class HTTPFront:
         except asyncio.TimeoutError:
             raise HTTPError(408, f"request body not received within {self.settings.body_timeout:g} s",
                             "body_timeout") from None
+        except ClientDisconnect:  # gone while sending its body: nobody reads this answer; counted
+            raise HTTPError(499, "the client disconnected while sending its body", "client_gone") from None
         try:
             return json.loads(b"".join(chunks))
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
