@@ -231,27 +231,29 @@ async def closed_loop(url: str, questions: list[str], clients: int, duration: fl
 
 def _one_process(job: tuple) -> dict:
     """A client process's share of a phase: waits for the common start time, then closed_loop (raw)."""
-    start_at, url, questions, clients, duration, max_requests, timeout, seed, after_refusal = job
+    start_at, url, questions, clients, duration, max_requests, timeout, seed, after_refusal, nice = job
+    if nice:  # absolute, in this client process only (a pool worker may take two jobs)
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
     time.sleep(max(0.0, start_at - time.time()))
     return asyncio.run(closed_loop(url, questions, clients, duration, max_requests, timeout, seed, raw=True,
                                    after_refusal=after_refusal))
 
 
 def load(url: str, questions: list[str], clients: int, duration: float, max_requests: int, timeout: float,
-         processes: int = 1, after_refusal: str = "retry-after") -> dict:
+         processes: int = 1, after_refusal: str = "retry-after", nice: int = 0) -> dict:
     """closed_loop's row for ``clients`` clients spread over ``processes`` client processes (forked, started
     together; one process's event loop serving hundreds of connections on a small machine was the bottleneck
     and the tail of the measurement, not the server: benchmarks/README.md). Latencies are merged."""
     processes = max(1, min(processes, clients))
-    if processes == 1:
+    if processes == 1 and not nice:  # (a niced share runs in a client process of its own)
         return asyncio.run(closed_loop(url, questions, clients, duration, max_requests, timeout,
                                        after_refusal=after_refusal))
     import multiprocessing
 
     shares = [clients // processes + (1 if i < clients % processes else 0) for i in range(processes)]
     start_at = time.time() + 1.0
-    jobs = [(start_at, url, questions, n, duration, max(1, max_requests // processes), timeout, i, after_refusal)
-            for i, n in enumerate(shares)]
+    jobs = [(start_at, url, questions, n, duration, max(1, max_requests // processes), timeout, i, after_refusal,
+             nice) for i, n in enumerate(shares)]
     ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     with ctx.Pool(processes) as pool:
         parts = pool.map(_one_process, jobs)
@@ -293,7 +295,8 @@ def phase(server: Server, name: str, questions, clients, args, after_refusal: st
     before = server.metrics()
     after_refusal = after_refusal or ("storm" if args.retry_storm else "retry-after")
     row = load(server.url, questions, clients, args.duration, args.max_requests, args.timeout,
-               client_processes(clients, args.client_processes), after_refusal=after_refusal)
+               client_processes(clients, args.client_processes), after_refusal=after_refusal,
+               nice=getattr(args, "client_nice", 0))
     after = server.metrics()
     calls = after.get("count", 0) - before.get("count", 0)
     row.update(phase=name, after_refusal=after_refusal, engine_calls=int(calls),
@@ -419,7 +422,7 @@ def run_overload(args, questions: list[str]) -> dict:
     result = {"date": _dt.date.today().isoformat(), "mode": "overload", "index": str(args.index),
               "questions": str(args.questions), "n_questions": len(questions), "device": args.device,
               "duration_s": args.duration, "max_concurrent": m, "server_args": args.server_args,
-              "client": f"aiohttp {aiohttp.__version__}", "targets": TARGETS,
+              "client": f"aiohttp {aiohttp.__version__}", "client_nice": args.client_nice, "targets": TARGETS,
               "machine": machine(torch.device(args.device), torch.get_num_threads())}
     server, ready_s = start_server(args, questions)
     try:
@@ -705,6 +708,10 @@ def main(argv=None) -> int:
                     help="the server's --max-concurrent in --overload and --soak (default %(default)s)")
     ap.add_argument("--overload-factors", type=int, nargs="+", default=[4, 16],
                     help="--overload: client counts as multiples of --max-concurrent (default %(default)s)")
+    ap.add_argument("--client-nice", type=int, default=0, metavar="N",
+                    help="run the client processes at nice N (e.g. 10): on a machine whose cores the clients share "
+                         "with the server, an approximation of clients on other machines; report it beside a run "
+                         "at 0 (default %(default)s)")
     ap.add_argument("--soak-load", type=float, default=0.7, help="--soak: share of capacity (default %(default)s)")
     ap.add_argument("--soak-capacity-s", type=float, default=20.0,
                     help="--soak: seconds of the capacity measurement (default %(default)s)")

@@ -142,6 +142,9 @@ def test_admission_by_time_refuses_what_would_miss_its_deadline(small_rag):
         assert ok.status_code == 200 and all(x.status_code == 200 for x in results)
         assert bad.status_code == 422 and "X-Request-Timeout" in bad.text
         assert metric(url, "linearrag_failures_total{reason=\"timeout\"}") == 0
+        admission = httpx.get(url + "/info", timeout=TIMEOUT).json()["admission"]
+        assert admission["max_in_flight"] == 8 and admission["questions_inside"] == 0
+        assert 0.3 < admission["seconds_per_question"] < 2.0  # the pace of the slow engine
 
 
 def test_a_queued_request_whose_client_left_is_dropped(small_rag):

@@ -264,9 +264,14 @@ class HTTPFront:
 
     async def info(self) -> dict:
         """GET /info: the engine host's description with the front's own figures."""
+        a = self.admission
+        spq = a.seconds_per_question()
         return {**await self.host.info(),
                 "llm": {"base_url": self.llm.base_url, "model": self.llm.model} if self.llm is not None else None,
-                "in_flight": self.in_flight}
+                "in_flight": self.in_flight,
+                "admission": {"max_in_flight": a.max_concurrent, "questions_inside": a.questions,
+                              "seconds_per_question": None if spq is None else round(spq, 6),
+                              "expected_wait_s": round(a.expected_wait(1), 4)}}
 
     # ------------------------------------------------------------------ routes
     def authorized(self, scope) -> bool:
