@@ -12,21 +12,30 @@ include_text. Needs httpx (``pip install "linearrag_torch[serve]"``). Errors rai
 line naming the URL and the HTTP status and the server's "detail".
 
 A search only reads, so sending it again is safe. Up to ``retries`` times, the client sends it again after
-a 429 or 503 (the server is busy, or still loading its index), waiting what the server's Retry-After says
-(a wait longer than ``max_retry_wait`` is not waited: the error is raised at once), and after a connection
-that failed or closed without a reply (a short backoff). Timeouts and every other status are raised at once.
+a 429 or 503 (the server is busy, or still loading its index) and after a connection that failed or closed
+without a reply, with jittered exponential backoff: it waits at least what the server's Retry-After says (a
+wait longer than ``max_retry_wait`` is not waited: the error is raised at once), at least 0.1 s x 2^attempt
+(0.5 s x 2^attempt after a 429 / 503 without Retry-After), times a random factor in [1, 1.5) so that clients
+refused together do not come back together. A retry budget (gRPC's retry throttling: 10 tokens, a retryable
+failure takes one, an answer gives 0.1 back, no retry at 5 or fewer) keeps a client from multiplying its load on
+a server that keeps refusing. Timeouts and every other status are raised at once. Each request tells the server
+how long the client waits (``X-Request-Timeout``), so that a server that could not answer in time refuses at
+once rather than after the wait.
 """
 from __future__ import annotations
 
 import asyncio
 import email.utils
+import random
+import threading
 import time
 
 from .results import Hit
 
 RETRY_STATUSES = (429, 503)
-CONNECTION_BACKOFF_S = 0.1  # the wait after a failed connection, doubled on each further attempt
-STATUS_BACKOFF_S = 0.5  # the wait after a 429 / 503 without a Retry-After, doubled likewise
+CONNECTION_BACKOFF_S = 0.1  # the least wait before attempt n+1: this x 2^n (after a failed connection, or a Retry-After)
+STATUS_BACKOFF_S = 0.5  # the wait after a 429 / 503 without a Retry-After: this x 2^n
+JITTER = 0.5  # each wait is multiplied by a random factor in [1, 1 + JITTER)
 
 
 class SearchError(RuntimeError):
@@ -54,6 +63,38 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
+def backoff(attempt: int, retry_after: float | None = None, failed_connection: bool = False,
+            rng: random.Random | None = None) -> float:
+    """Seconds to wait before attempt ``attempt + 1``: at least the server's Retry-After and 0.1 s x 2^attempt
+    (0.5 s x 2^attempt after a refusal without Retry-After), times a random factor in [1, 1 + JITTER)."""
+    if retry_after is not None or failed_connection:
+        base = max(retry_after or 0.0, CONNECTION_BACKOFF_S * 2 ** attempt)
+    else:
+        base = STATUS_BACKOFF_S * 2 ** attempt
+    return base * (1.0 + JITTER * (rng or random).random())
+
+
+class RetryBudget:
+    """gRPC's retry throttling: ``max_tokens`` tokens; a retryable failure takes one, an answer gives ``ratio``
+    back; a retry is allowed only while more than half are left. Thread-safe; one per client."""
+
+    def __init__(self, max_tokens: float = 10.0, ratio: float = 0.1):
+        if max_tokens <= 0 or ratio < 0:
+            raise ValueError(f"RetryBudget: max_tokens ({max_tokens}) must be > 0 and ratio ({ratio}) >= 0")
+        self.max_tokens, self.ratio, self.tokens = float(max_tokens), float(ratio), float(max_tokens)
+        self._lock = threading.Lock()
+
+    def on_failure(self) -> bool:
+        """A retryable failure: True when a retry is still allowed."""
+        with self._lock:
+            self.tokens = max(0.0, self.tokens - 1.0)
+            return self.tokens > self.max_tokens / 2
+
+    def on_success(self) -> None:
+        with self._lock:
+            self.tokens = min(self.max_tokens, self.tokens + self.ratio)
+
+
 def _httpx():
     try:
         import httpx
@@ -66,11 +107,11 @@ class SearchClient:
     """Client of a `linearrag serve` server. base_url: e.g. "http://127.0.0.1:8000" (the "/v1/search"
     path is added). api_key: sent as "Authorization: Bearer KEY" (default: $LINEARRAG_API_KEY if set).
     timeout: seconds per request. retries: further attempts after a 429 / 503 or a failed connection (0:
-    none); max_retry_wait: the longest Retry-After it waits, in seconds. One httpx.Client is kept (call
-    close(), or use ``with``)."""
+    none); max_retry_wait: the longest Retry-After it waits, in seconds; retry_budget: the RetryBudget its
+    retries draw on (default: its own). One httpx.Client is kept (call close(), or use ``with``)."""
 
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 30.0, retries: int = 2,
-                 max_retry_wait: float = 10.0):
+                 max_retry_wait: float = 10.0, retry_budget: RetryBudget | None = None):
         import os
 
         if retries < 0 or max_retry_wait < 0:
@@ -82,6 +123,7 @@ class SearchClient:
         self._api_key = api_key if api_key is not None else os.environ.get("LINEARRAG_API_KEY")
         self.timeout = timeout
         self.retries, self.max_retry_wait = int(retries), float(max_retry_wait)
+        self.retry_budget = retry_budget or RetryBudget()
         self._client = None
 
     def __repr__(self) -> str:  # never shows the key
@@ -100,7 +142,10 @@ class SearchClient:
 
     @property
     def headers(self) -> dict:
-        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        h = {"X-Request-Timeout": f"{self.timeout:g}"}
+        if self._api_key:
+            h["Authorization"] = f"Bearer {self._api_key}"
+        return h
 
     def payload(self, questions, top_k: int | None, include_text: bool, settings: dict) -> dict:
         body = {"questions": list(questions), "include_text": bool(include_text)}
@@ -120,20 +165,19 @@ class SearchClient:
         if self._client is None:
             self._client = httpx.Client(timeout=self.timeout)
         body = self.payload(qs, top_k, include_text, settings)
-        attempt = 0
+        attempts = self._attempts()
+        next(attempts)
         while True:
-            resp, exc = None, None
             try:
-                resp = self._client.post(self.url, json=body, headers=self.headers)
+                outcome = (self._client.post(self.url, json=body, headers=self.headers), None)
             except httpx.TransportError as e:
-                exc = e
-            wait = self._next_wait(attempt, resp, exc)
-            if wait is None:
-                break
+                outcome = (None, e)
+            try:
+                wait = attempts.send(outcome)
+            except StopIteration as done:
+                out = self._result(*done.value, len(qs))
+                return out[0] if single else out
             time.sleep(wait)
-            attempt += 1
-        out = self._result(resp, exc, len(qs), attempt)
-        return out[0] if single else out
 
     async def asearch(self, questions, top_k: int | None = None, include_text: bool = True,
                       **settings) -> list[list[Hit]]:
@@ -145,43 +189,62 @@ class SearchClient:
         httpx = _httpx()
         body = self.payload(qs, top_k, include_text, settings)
         async with httpx.AsyncClient(timeout=self.timeout) as client:
-            attempt = 0
+            attempts = self._attempts()
+            next(attempts)
             while True:
-                resp, exc = None, None
                 try:
-                    resp = await client.post(self.url, json=body, headers=self.headers)
+                    outcome = (await client.post(self.url, json=body, headers=self.headers), None)
                 except httpx.TransportError as e:
-                    exc = e
-                wait = self._next_wait(attempt, resp, exc)
-                if wait is None:
-                    break
+                    outcome = (None, e)
+                try:
+                    wait = attempts.send(outcome)
+                except StopIteration as done:
+                    out = self._result(*done.value, len(qs))
+                    return out[0] if single else out
                 await asyncio.sleep(wait)
-                attempt += 1
-        out = self._result(resp, exc, len(qs), attempt)
-        return out[0] if single else out
 
-    def _next_wait(self, attempt: int, resp, exc) -> float | None:
-        """Seconds to wait before sending again, or None: this attempt's reply (or error) is the result."""
+    def _attempts(self):
+        """The retry loop of search() and asearch(), written once, as a generator they drive: each sends it the
+        outcome of an attempt, ``(response, None)`` or ``(None, transport error)``, and gets back the seconds to
+        wait before the next attempt, or StopIteration whose value is ``(response, error, attempt, note)``, the
+        outcome to report (``note``: why it was not retried further, or "")."""
+        attempt = 0
+        resp, exc = yield None  # started with next()
+        while True:
+            wait, note = self._next_wait(attempt, resp, exc)
+            if wait is None:
+                return resp, exc, attempt, note
+            resp, exc = yield wait
+            attempt += 1
+
+    def _next_wait(self, attempt: int, resp, exc) -> tuple[float | None, str]:
+        """(seconds to wait before sending again, "") or (None, why not): this attempt's outcome is the result."""
+        if exc is None and resp.status_code not in RETRY_STATUSES:
+            if resp.status_code == 200:
+                self.retry_budget.on_success()
+            return None, ""
+        if exc is not None and isinstance(exc, _httpx().TimeoutException):
+            return None, ""
+        allowed = self.retry_budget.on_failure()
         if attempt >= self.retries:
-            return None
+            return None, ""
+        if not allowed:
+            return None, " (retry budget spent: this client has been refused too often; not retried)"
         if exc is not None:
-            return None if isinstance(exc, _httpx().TimeoutException) else CONNECTION_BACKOFF_S * 2 ** attempt
-        if resp.status_code not in RETRY_STATUSES:
-            return None
-        wait = retry_after_seconds(resp.headers.get("retry-after"))
-        wait = STATUS_BACKOFF_S * 2 ** attempt if wait is None else wait
-        return wait if wait <= self.max_retry_wait else None
+            return backoff(attempt, failed_connection=True), ""
+        given = retry_after_seconds(resp.headers.get("retry-after"))
+        if given is not None and given > self.max_retry_wait:
+            return None, (f" (Retry-After {resp.headers.get('retry-after')!r} is longer than max_retry_wait "
+                          f"{self.max_retry_wait:g} s)")
+        return min(backoff(attempt, given), max(self.max_retry_wait, given or 0.0)), ""
 
-    def _result(self, resp, exc, n: int, attempt: int) -> list[list[Hit]]:
+    def _result(self, resp, exc, attempt: int, note: str, n: int) -> list[list[Hit]]:
         """The hits of the last attempt, or its failure as one SearchError line (naming the attempts made)."""
-        tries = f" (after {attempt + 1} attempts)" if attempt else ""
+        tries = f"{note} (after {attempt + 1} attempts)" if attempt else note
         if exc is not None:
             if isinstance(exc, _httpx().TimeoutException):
                 raise SearchError(f"linearrag server {self.url}: no reply within the {self.timeout:g} s timeout{tries}")
             raise SearchError(f"linearrag server {self.url}: request failed ({type(exc).__name__}: {exc}){tries}")
-        if resp.status_code in RETRY_STATUSES and attempt < self.retries:  # a Retry-After longer than we wait
-            tries = (f" (Retry-After {resp.headers.get('retry-after')!r} is longer than max_retry_wait "
-                     f"{self.max_retry_wait:g} s){tries}")
         return self._parse(resp, n, tries)
 
     def _parse(self, resp, n: int, tries: str = "") -> list[list[Hit]]:

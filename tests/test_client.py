@@ -195,3 +195,39 @@ def test_against_the_real_server(small_rag):
     finally:
         server.should_exit = True
         thread.join(60)
+
+
+def test_backoff_is_jittered_exponential_and_at_least_retry_after():
+    import random
+
+    from linearrag_torch.client import CONNECTION_BACKOFF_S, JITTER, STATUS_BACKOFF_S, backoff
+
+    rng = random.Random(0)
+    for attempt in range(5):
+        waits = [backoff(attempt, None, rng=rng) for _ in range(200)]
+        lo = STATUS_BACKOFF_S * 2 ** attempt
+        assert all(lo <= w < lo * (1 + JITTER) for w in waits) and len(set(waits)) == 200  # spread, not a herd
+        waits = [backoff(attempt, 2.0, rng=rng) for _ in range(200)]  # never before the server's Retry-After
+        lo = max(2.0, CONNECTION_BACKOFF_S * 2 ** attempt)
+        assert all(lo <= w < lo * (1 + JITTER) for w in waits)
+
+
+def test_the_retry_budget_stops_retrying_a_server_that_keeps_refusing(small_rag):
+    """gRPC's retry throttling: 10 tokens, a refusal takes one, no retry at 5 or fewer; an answer gives 0.1
+    back. A client refused again and again stops multiplying its requests; the error says why."""
+    from linearrag_torch.client import RetryBudget
+
+    budget = RetryBudget()
+    assert [budget.on_failure() for _ in range(6)] == [True] * 4 + [False] * 2
+    budget.on_success()
+    assert budget.tokens == pytest.approx(4.1)
+    refusals = [(429, {"Retry-After": "0"})] * 20
+    with running(FakeSearchServer(small_rag.search, refusals=refusals)) as busy:
+        client = SearchClient(busy.url, retries=10)
+        with pytest.raises(SearchError, match=r"HTTP 429: scripted 429 \(retry budget spent.*\(after 5 attempts\)$"):
+            client.search(QS)
+        assert len(busy.requests) == 5
+        with pytest.raises(SearchError, match=r"retry budget spent"):
+            asyncio.run(client.asearch(QS))  # the same budget: one attempt, no retry
+        assert len(busy.requests) == 6
+        assert busy.requests[0]["headers"]["x-request-timeout"] == "30"  # the client's own deadline

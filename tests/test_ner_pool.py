@@ -2,6 +2,7 @@
 hits and vectors as NER in the calling process; small batches stay in process; a dead worker loses nothing."""
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -53,10 +54,17 @@ def test_a_dead_worker_loses_no_batch(small_rag, caplog):
         want = question_entities(small_rag.nlp, QUESTIONS, ())
         with caplog.at_level("WARNING", logger="linearrag"):
             assert pool.entities(small_rag.nlp, QUESTIONS, ()) == want  # answered in process instead
-        assert not pool.running and "NER worker processes failed" in caplog.text
-        assert pool.entities(small_rag.nlp, QUESTIONS, ()) == want  # and from now on
+        assert "NER worker processes failed" in caplog.text and pool.restarts == 1
+        assert pool.entities(small_rag.nlp, QUESTIONS, ()) == want  # in process while new workers start
+        deadline = time.monotonic() + 120
+        while not pool.running:  # the pool replaces its workers
+            assert time.monotonic() < deadline, "the NER workers were not replaced"
+            time.sleep(0.1)
+        assert not set(pool._pool._processes) & set(pids)
+        assert pool.entities(small_rag.nlp, QUESTIONS, ()) == want  # by the new workers
     finally:
         pool.close()
+    assert not pool.running
 
 
 def test_bad_settings_fail_clearly(small_rag):

@@ -227,7 +227,7 @@ def test_backpressure_gives_429_and_no_other_failure(ray_url, small_questions):
     url, _ = ray_url
     qs = [q["question"] for q in small_questions]
     capacity = REPLICAS * MAX_CONCURRENT + MAX_QUEUED
-    n = 4 * capacity  # within what the ingress takes at once, so every 429 is the engine's backpressure
+    n = 4 * capacity  # past what the ingress admits (capacity): the front refuses the rest before Ray sees them
     overloaded_before = metric(url, 'linearrag_failures_total{reason="overloaded"}')
     resps = burst(url, [{"questions": qs} for _ in range(n)], clients=n)
     statuses = Counter(r if isinstance(r, str) else r.status_code for r in resps)
@@ -235,7 +235,7 @@ def test_backpressure_gives_429_and_no_other_failure(ray_url, small_questions):
     assert statuses[200] >= 1 and statuses[429] >= 1, statuses
     for r in resps:
         if r.status_code == 429:
-            assert r.headers.get("retry-after") == "1" and "retry" in r.text
+            assert int(r.headers["retry-after"]) >= 1 and "retry" in r.text  # Ray's 1, or the front's from the queue
     assert metric(url, 'linearrag_failures_total{reason="overloaded"}') - overloaded_before == statuses[429]
     # and it recovers: the next request is answered
     assert httpx.post(url + "/v1/search", json={"question": qs[0]}, timeout=TIMEOUT).status_code == 200

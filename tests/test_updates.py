@@ -449,3 +449,39 @@ def test_a_reader_racing_a_writer_reloads(tmp_path, monkeypatch):
     with pytest.raises(IndexFormatError, match="broken"):
         TriGraphIndex.load(path)
     assert len(calls) == 1
+
+
+def test_a_full_disk_during_add_delete_or_index_is_a_clear_error_and_changes_nothing(
+        shared_models, first_half, halves, small_corpus, capsys, tmp_path, monkeypatch):
+    """ENOSPC while the new data files are written (simulated: safetensors' writer writes part of its file, then
+    the disk is full): `add`, `delete` and `index` end with one error line naming the folder and the cause; the
+    index in the folder is byte for byte what it was and loads verified; no new file is left behind; the lock
+    is released (the next writer gets it)."""
+    import errno
+
+    from linearrag_torch.index import lock, storage
+
+    def full_disk(tensors, filename, *args, **kwargs):
+        Path(filename).write_bytes(b"\0" * 4096)  # a part written, then
+        raise OSError(errno.ENOSPC, "No space left on device", filename)
+
+    idx = first_half.save(tmp_path / "idx")
+    before = snapshot(idx)
+    more = write_jsonl(tmp_path / "more.jsonl", halves[1][:4])
+    monkeypatch.setattr(storage, "save_file", full_disk)
+    for argv in (["add", idx, more, "--quiet", "--device", "cpu"],
+                 ["delete", idx, "--ids", str(halves[0][0]["id"])]):
+        rc, out, err = run(capsys, *argv)
+        assert rc == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"linearrag {argv[0]}: error: ") and "No space left on device" in err
+        assert str(idx) in err and "unchanged" in err
+        assert snapshot(idx) == before  # no new file, nothing replaced (the .lock file is gone too)
+        with lock.index_lock(idx):  # released
+            pass
+        TriGraphIndex.load(idx, verify=True)
+    rc, out, err = run(capsys, "index", small_corpus, tmp_path / "new", "--quiet", "--device", "cpu")
+    assert rc == 2 and "No space left on device" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "new" / "index.json").exists()
+    assert not [p for p in (tmp_path / "new").glob("*") if p.name != ".lock"]  # no partial data files
+    with lock.index_lock(tmp_path / "new"):
+        pass

@@ -45,18 +45,24 @@ def write(path: Path, tensors: dict, strings: dict, fields: dict) -> None:
     (name -> CPU tensor), ``strings`` (name -> list) and index.json ``fields`` (counts, configs)."""
     tag = uuid.uuid4().hex[:12]
     files = {"tensors": f"tensors-{tag}.safetensors", "strings": f"strings-{tag}.json"}
-    # new names: until index.json names them, these files are invisible to readers
-    save_file(tensors, str(path / files["tensors"]))
-    (path / files["strings"]).write_text(json.dumps(strings, ensure_ascii=False), encoding="utf-8")
-    manifest = {}
-    for f in files.values():
-        fsync(path / f)
-        manifest[f] = {"bytes": (path / f).stat().st_size, "sha256": sha256(path / f)}
-    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, **fields, "files": files, "manifest": manifest}
     tmp = path / f"index.json.{tag}.tmp"
-    tmp.write_text(json.dumps(meta, indent=1), encoding="utf-8")
-    fsync(tmp)
-    fsync_dir(path)  # the new files' folder entries are durable before index.json points at them
+    try:
+        # new names: until index.json names them, these files are invisible to readers
+        save_file(tensors, str(path / files["tensors"]))
+        (path / files["strings"]).write_text(json.dumps(strings, ensure_ascii=False), encoding="utf-8")
+        manifest = {}
+        for f in files.values():
+            fsync(path / f)
+            manifest[f] = {"bytes": (path / f).stat().st_size, "sha256": sha256(path / f)}
+        meta = {"format": FORMAT, "format_version": FORMAT_VERSION, **fields, "files": files, "manifest": manifest}
+        tmp.write_text(json.dumps(meta, indent=1), encoding="utf-8")
+        fsync(tmp)
+        fsync_dir(path)  # the new files' folder entries are durable before index.json points at them
+    except OSError as exc:  # a full disk (ENOSPC), say: the new files go, the index in the folder stays as it was
+        for f in (*files.values(), tmp.name):
+            (path / f).unlink(missing_ok=True)
+        raise OSError(exc.errno, f"cannot write the index to {path}: {exc.strerror or exc}; the index there "
+                                 "is unchanged") from exc
     pause = env.TEST_PAUSE_BEFORE_COMMIT.get()
     if pause:
         print(f"linearrag: {PAUSE_ENV}: pausing {pause} s before replacing {path / 'index.json'}",

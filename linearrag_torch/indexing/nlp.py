@@ -130,21 +130,34 @@ class NERPool:
     starts its processes on every call (seconds), so it is no use per batch. The processes are started with
     "spawn" (a process that runs torch must not fork) and stopped by close() or at exit."""
 
+    MAX_RESTARTS = 3  # worker processes started again after a failure at most this many times
+
     def __init__(self, model: str, processes: int, min_part: int = 8, caller_part: bool = True):
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+        import threading
 
         if processes < 1:
             raise ValueError(f"NERPool needs at least 1 process, got {processes}")
         self.model, self.processes, self.min_part = model, int(processes), max(1, int(min_part))
         self.caller_part = bool(caller_part)
-        self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
-                                         initializer=_pool_init, initargs=(model,))
-        try:  # every process loads the model now (and a bad model fails here, not in the first batch)
-            list(self._pool.map(_pool_ready, range(self.processes), chunksize=1))
+        self.restarts = 0  # times the worker processes were replaced after one died
+        self._closed = False
+        self._lock = threading.Lock()
+        self._pool = None
+        self._pool = self._new_pool()  # a bad model fails here, not in the first batch
+
+    def _new_pool(self):
+        """Worker processes, each with the model loaded (waits for them)."""
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_pool_init, initargs=(self.model,))
+        try:
+            list(pool.map(_pool_ready, range(self.processes), chunksize=1))
         except BaseException:
-            self.close()
+            pool.shutdown(wait=True, cancel_futures=True)
             raise
+        return pool
 
     def parts(self, n: int) -> int:
         """Into how many parts a batch of ``n`` questions is split (1: it runs in the calling process)."""
@@ -152,17 +165,18 @@ class NERPool:
 
     def entities(self, nlp: Language, questions: Sequence[str], dropped_labels: Sequence[str]) -> list[list[str]]:
         """question_entities, the batch split over the calling process (with ``nlp``, the same pipeline) and the
-        workers. A batch too small to split, and every batch of a pool that was closed or whose process died,
-        runs in the calling process alone."""
+        workers. A batch too small to split, a batch whose worker died, and every batch while the pool is closed or
+        its workers are being replaced, runs in the calling process alone."""
         k = self.parts(len(questions))
-        if k == 1 or self._pool is None:
+        pool = self._pool  # (a restart may install a new one meanwhile)
+        if k == 1 or pool is None:
             return question_entities(nlp, questions, dropped_labels)
         size = -(-len(questions) // k)
         chunks = [list(questions[i:i + size]) for i in range(0, len(questions), size)]
         dropped = tuple(dropped_labels)
         mine = chunks[:1] if self.caller_part else []
         try:
-            futures = [self._pool.submit(_pool_entities, c, dropped) for c in chunks[len(mine):]]
+            futures = [pool.submit(_pool_entities, c, dropped) for c in chunks[len(mine):]]
         except Exception as exc:  # noqa: BLE001 - the pool is broken or shut down
             return self._failed(exc, nlp, questions, dropped)
         first = [ents for c in mine for ents in question_entities(nlp, c, dropped)]
@@ -173,15 +187,50 @@ class NERPool:
         return first + [ents for part in rest for ents in part]
 
     def _failed(self, exc, nlp, questions, dropped):
+        """A worker died: this batch runs in the calling process, and new worker processes are started on a
+        thread of their own (batches run in the calling process until they are up), at most MAX_RESTARTS times."""
         import logging
+        import threading
 
-        logging.getLogger("linearrag").warning("NER worker processes failed (%s: %s); NER runs in this process "
-                                               "from now on", type(exc).__name__, exc)
-        self.close()
+        log = logging.getLogger("linearrag")
+        with self._lock:
+            broken, self._pool = self._pool, None
+            restart = not self._closed and self.restarts < self.MAX_RESTARTS
+            if restart:
+                self.restarts += 1
+        log.warning("NER worker processes failed (%s: %s); this batch runs in this process, %s",
+                    type(exc).__name__, exc, f"new workers are starting (restart {self.restarts} of "
+                    f"{self.MAX_RESTARTS})" if restart else "and so do the next ones (no more restarts)")
+        if broken is not None:
+            broken.shutdown(wait=False, cancel_futures=True)
+        if restart:
+            threading.Thread(target=self._restart, name="linearrag-ner-restart", daemon=True).start()
         return question_entities(nlp, questions, dropped)
 
+    def _restart(self) -> None:
+        import logging
+
+        try:
+            pool = self._new_pool()
+        except Exception as exc:  # noqa: BLE001 (NER stays in process)
+            logging.getLogger("linearrag").warning("NER worker processes could not be started again: %s: %s",
+                                                   type(exc).__name__, exc)
+            return
+        with self._lock:
+            if not self._closed:
+                self._pool, pool = pool, None
+        if pool is not None:  # closed meanwhile
+            pool.shutdown(wait=True, cancel_futures=True)
+        else:
+            logging.getLogger("linearrag").info("NER worker processes replaced")
+
     def close(self) -> None:
-        pool, self._pool = getattr(self, "_pool", None), None
+        lock = getattr(self, "_lock", None)
+        if lock is None:
+            return
+        with lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 

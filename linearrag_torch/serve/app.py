@@ -1,4 +1,5 @@
-"""The standalone server: a FastAPI app around one LinearRAGService, run by uvicorn (`linearrag serve`)."""
+"""The standalone server: a FastAPI app around one HTTP front (a LinearRAGService, or an HTTPFront over another
+engine host such as Ray's), run by uvicorn (`linearrag serve`)."""
 from __future__ import annotations
 
 import hmac
@@ -6,11 +7,13 @@ import importlib.util
 import logging
 import signal
 import sys
+import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from .. import __version__
+from .front import EarlyAdmission, HTTPFront
 from .service import LinearRAGService
 from .settings import ServeSettings
 
@@ -35,8 +38,11 @@ class _DocsAuth:
         return await self.app(scope, receive, send)
 
 
-def create_app(service: LinearRAGService) -> FastAPI:
-    """A FastAPI app serving ``service`` at the root; its lifespan starts and stops the service."""
+def create_app(service: LinearRAGService | HTTPFront, early_admission: bool = True) -> FastAPI:
+    """A FastAPI app serving ``service`` (a LinearRAGService, or an HTTPFront) at the root; its lifespan starts
+    and stops the engine host. ``early_admission``: with the EarlyAdmission middleware inside the app (False:
+    the caller wraps the app in it, outside FastAPI, as ``serve`` does: a refusal then skips FastAPI's own call
+    too)."""
     local_docs = importlib.util.find_spec("fastapi_offline") is not None  # else FastAPI's pages (assets from a CDN)
     app = FastAPI(title="linearrag_torch", version=__version__, lifespan=service.lifespan,
                   description="LinearRAG graph retrieval: POST /v1/search with dynamic batching. "
@@ -45,6 +51,8 @@ def create_app(service: LinearRAGService) -> FastAPI:
     if local_docs:
         add_doc_pages(app)
     app.include_router(service.router)
+    if early_admission:
+        app.add_middleware(EarlyAdmission, front=getattr(service, "front", service))
     if service.settings.api_key:
         app.add_middleware(_DocsAuth, key=service.settings.api_key)
     app.state.linearrag = service
@@ -100,6 +108,29 @@ def _server_class():
     return Server
 
 
+class RefusalLogSampler(logging.Filter):
+    """On uvicorn's access log: of the 429s and 503s (refusals) at most one line a second, the next one saying
+    how many were not logged. Under overload thousands of refusals a second would each cost a log line, CPU the
+    engine needs; /metrics counts every one (linearrag_failures_total)."""
+
+    def __init__(self, every_s: float = 1.0):
+        super().__init__()
+        self.every_s, self.last, self.skipped = every_s, float("-inf"), 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5 and args[4] in (429, 503):
+            now = time.monotonic()
+            if now - self.last < self.every_s:
+                self.skipped += 1
+                return False
+            self.last = now
+            if self.skipped:
+                record.msg = f"{record.msg} (and {self.skipped} more refusals not logged)"
+                self.skipped = 0
+        return True
+
+
 def connection_limit(settings: ServeSettings) -> int:
     """Open connections (and their tasks) uvicorn accepts before it answers 503 itself."""
     return 8 * settings.max_concurrent + 64
@@ -112,13 +143,16 @@ def serve(index_dir, settings: ServeSettings, llm=None) -> int:
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     service = LinearRAGService(index_dir, settings, llm=llm)
-    app = create_app(service)
-    # open connections are bounded too: past 8x --max-concurrent (+64 for probes) uvicorn answers 503;
-    # one access log line per request at --log-level info (the default) or debug
+    app = EarlyAdmission(create_app(service, early_admission=False), service.front)  # outermost: refusals cost least
+    # open connections are bounded too: past 8x --max-concurrent (+64 for probes) uvicorn answers 503, and the
+    # kernel's queue of connections not yet accepted is as long (uvicorn's backlog); one access log line per
+    # request at --log-level info (the default) or debug, refusals sampled (RefusalLogSampler)
+    limit = connection_limit(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=settings.graceful_timeout, access_log=True,
-                            limit_concurrency=connection_limit(settings))
+                            limit_concurrency=limit, backlog=min(2048, limit))
     server = _server_class()(config)
+    logging.getLogger("uvicorn.access").addFilter(RefusalLogSampler())
     failed = []
 
     def fatal(exc):

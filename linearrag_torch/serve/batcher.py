@@ -126,7 +126,8 @@ class Batcher:
             parts = await asyncio.gather(*(e.future for e in entries))
         except BaseException:
             for e in entries:
-                e.future.cancel()  # the collector skips cancelled entries
+                e.future.cancel()
+            self._drop_cancelled()  # out of the queue (and its count) now, not when the engine is next free
             raise
         finally:
             self._inside -= len(questions)

@@ -10,7 +10,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 # failure reasons counted by linearrag_failures_total
 REASONS = ("body_too_large", "invalid", "unauthorized", "overloaded", "timeout", "engine_error", "not_ready",
-           "llm_error")
+           "llm_error", "client_gone", "body_timeout")
 
 
 class Metrics:
@@ -33,12 +33,22 @@ class Metrics:
         self.questions = Counter("questions_total", "Questions answered", namespace=namespace, registry=r)
         self.failures = Counter("failures_total", "Requests that failed, by reason", ["reason"],
                                 namespace=namespace, registry=r)
+        self.engine_errors = Counter("engine_errors_total", "Engine calls (batches) that raised: their requests got 500",
+                                     namespace=namespace, registry=r)
         self.reloads = Counter("reloads_total", "Index reloads, by result", ["result"], namespace=namespace,
                                registry=r)
-        for reason in REASONS:  # present at 0 from the start, so rates are defined
-            self.failures.labels(reason)
+        self.batch_listeners = []  # more callbacks of on_batch (the front's admission: the engine's pace)
+        self._failure_of = {reason: self.failures.labels(reason) for reason in REASONS}  # present at 0 from the
+        # start, so rates are defined; kept, as labels() costs ~5 us a call
         for result in ("ok", "refused"):
             self.reloads.labels(result)
+
+    def failure(self, reason: str) -> None:
+        """One more failed request for ``reason`` (linearrag_failures_total)."""
+        child = self._failure_of.get(reason)
+        if child is None:
+            child = self._failure_of[reason] = self.failures.labels(reason)
+        child.inc()
 
     def on_batch(self, stats) -> None:
         """Batcher callback (runs on the event loop)."""
@@ -48,6 +58,10 @@ class Metrics:
             self.queue_seconds.observe(w)
         if stats.error is None:
             self.questions.inc(stats.size)
+        else:
+            self.engine_errors.inc()
+        for listener in self.batch_listeners:
+            listener(stats)
 
     def on_stages(self, timings: dict) -> None:
         """Seconds of each stage of one engine call (LinearRAG.search's ``timings``; thread-safe)."""

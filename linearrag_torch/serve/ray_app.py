@@ -6,11 +6,11 @@ Two deployments, one application (``build_app``):
   cluster has GPUs) and answers ``search(key, [(question, top_k), ...])``. Concurrent calls are coalesced by
   Ray Serve's own ``@serve.batch`` (``--max-batch-size`` questions or ``--max-wait-ms``, from ServeSettings)
   into one engine call on the replica's engine thread: ``RayBatcher`` below has the interface of the
-  single-process ``Batcher``, so the replica runs the unchanged ``LinearRAGService`` (loading, warm-up,
-  ``--watch`` reloads, the engine thread) with Ray's batching in place of ours.
-* ``LinearRAGIngress`` -- the FastAPI routes of the single-process server (``LinearRAGService.router``: the
-  same request and response schema, validation, limits, API key, /health, /info, /metrics), whose searches
-  go to the engine replicas through a DeploymentHandle. The engine deployment's ``max_queued_requests``
+  single-process ``Batcher``, so the replica runs the single-process engine host (``LocalEngineHost``:
+  loading, warm-up, ``--watch`` reloads, the engine thread) with Ray's batching in place of ours.
+* ``LinearRAGIngress`` -- the HTTP front of the single-process server (``HTTPFront``: the same request and
+  response schema, validation, limits, API key, /health, /info, /metrics) over a second engine host,
+  ``RayEngineHost``, whose searches go to the engine replicas through a DeploymentHandle. The engine deployment's ``max_queued_requests``
   (``--max-queued``) bounds the requests waiting for a replica; one more is Ray's ``BackPressureError``,
   answered 429 with Retry-After. A search whose replica dies mid-request is sent to another replica (a
   search changes nothing, so it is safe to repeat) up to ``--ray-retries`` times, then answered 503 with
@@ -229,22 +229,21 @@ def _replica_id() -> str | None:
 
 
 class LinearRAGEngine:
-    """One engine replica: a LinearRAGService (index, models, engine thread, --watch reloads) whose batching
-    is Ray Serve's. Ray makes it a deployment in ``build_app``."""
+    """One engine replica: a LocalEngineHost (index, models, engine thread, --watch reloads) whose batching is
+    Ray Serve's. Ray makes it a deployment in ``build_app``."""
 
     async def __init__(self, index_dir: str, settings: dict):
-        from .service import LinearRAGService
+        from .engine_host import LocalEngineHost
 
         s = ServeSettings(**settings)
-        self.service = LinearRAGService(index_dir, s)
         self._stats: list[BatchStats] = []
-        self.service.batcher = RayBatcher(self.service._run_batch, s.max_batch_size, s.max_wait_ms,
-                                          on_batch=self._on_batch)
-        await self.service.start()
-        while not self.service.ready:  # the replica takes requests once the index is loaded and warm
-            if self.service.load_error:
-                await self.service.stop()
-                raise RuntimeError(f"cannot serve {index_dir}: {self.service.load_error}")
+        self.host = LocalEngineHost(index_dir, s, batcher=lambda run_batch: RayBatcher(
+            run_batch, s.max_batch_size, s.max_wait_ms, on_batch=self._on_batch))
+        await self.host.start()
+        while not self.host.ready:  # the replica takes requests once the index is loaded and warm
+            if self.host.load_error:
+                await self.host.stop()
+                raise RuntimeError(f"cannot serve {index_dir}: {self.host.load_error}")
             await asyncio.sleep(0.05)
 
     def _on_batch(self, stats: BatchStats) -> None:
@@ -253,100 +252,117 @@ class LinearRAGEngine:
         del self._stats[:-MAX_PENDING_STATS]
 
     async def search(self, key: tuple, questions: list) -> dict:
-        """Hits for each (question, top_k) with the retrieval settings ``key`` (LinearRAGService.batch_key), and
-        the statistics of the batches this replica ran since its last answer."""
-        hits = await self.service.batcher.submit(key, questions)
+        """Hits for each (question, top_k) with the retrieval settings ``key`` (HTTPFront.batch_key), and the
+        statistics of the batches this replica ran since its last answer."""
+        hits = await self.host.hits(key, questions)
         stats, self._stats = self._stats, []
         return {"hits": [[tuple(h) for h in hs] for hs in hits], "batches": stats, "replica": _replica_id()}
 
     async def describe(self) -> dict:
-        return {**self.service.info(), "replica": _replica_id()}
+        return {**self.host.describe(), "replica": _replica_id()}
 
     async def check_health(self) -> None:
         """Ray Serve's health check: a replica whose engine thread is gone is replaced."""
-        if not self.service.ready or not self.service.batcher._running:
+        if not self.host.ready or not self.host.batcher._running:
             raise RuntimeError("the engine is not running")
 
     async def __del__(self):
-        await self.service.stop()
+        await self.host.stop()
 
 
 # ---------------------------------------------------------------------------------------------- the ingress
-def _ingress_service_class():
-    """LinearRAGService whose searches go to the engine deployment (defined lazily: fastapi and ray load here)."""
-    from ray.exceptions import RayActorError
-    from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+class RayEngineHost:
+    """The engine host of the ingress (serve/engine_host.py's interface): its searches go to the engine
+    deployment through a DeploymentHandle; it holds no index and no models. The engine replicas report the
+    statistics of their batches with each answer, so /metrics has the single-process server's series."""
 
-    from ..results import Hit
-    from .service import HTTPError, LinearRAGService, ReloadRefused
+    def __init__(self, settings: ServeSettings, engine, ray_settings: RaySettings):
+        from prometheus_client import Counter
 
-    class RemoteEngineService(LinearRAGService):
-        def __init__(self, index_dir, settings: ServeSettings, engine, ray_settings: RaySettings, llm=None):
-            super().__init__(index_dir, settings, llm=llm)
-            self.engine = engine
-            self.ray_settings = ray_settings
-            self.default_top_k = 5
-            from prometheus_client import Counter
+        from .metrics import Metrics
 
-            self.retries = Counter("replica_retries_total", "Searches sent to another engine replica after theirs "
-                                   "died mid-request", namespace="linearrag", registry=self.metrics.registry)
+        self.settings = settings
+        self.engine = engine
+        self.ray_settings = ray_settings
+        self.metrics = Metrics()
+        self.retries = Counter("replica_retries_total", "Searches sent to another engine replica after theirs "
+                               "died mid-request", namespace="linearrag", registry=self.metrics.registry)
+        self.ready = False
+        self.load_error: str | None = None
+        self.fingerprint: str | None = None
+        self.loaded_at: float | None = None
+        self.default_top_k = 5
+        bounds = ray_settings.autoscale_bounds()
+        self.engines = ray_settings.replicas or (bounds[1] if bounds else 1)  # replicas answering in parallel
+        # the front admits what the replicas take at once and Ray queues; Ray's backpressure stays the backstop
+        self.max_in_flight = self.engines * settings.max_concurrent + ray_settings.max_queued
+        self.queued = 0  # the questions wait in Ray's queues (each replica's /info: queued_questions)
 
-        async def start(self) -> None:
-            self._reload_lock = asyncio.Lock()
-            info = await self.engine.describe.remote()  # waits for an engine replica
-            self.default_top_k = info["settings"]["top_k"]
-            self.fingerprint = info["fingerprint"]
-            self.loaded_at = time.time()
-            self.ready = True
+    async def start(self) -> None:
+        info = await self.engine.describe.remote()  # waits for an engine replica
+        self.default_top_k = info["settings"]["top_k"]
+        self.fingerprint = info["fingerprint"]
+        self.loaded_at = time.time()
+        self.ready = True
 
-        async def stop(self) -> None:
-            pass
+    async def stop(self) -> None:
+        """Nothing to stop here: Ray Serve stops the engine replicas."""
 
-        async def _hits(self, req):
-            questions = req.questions if req.questions is not None else [req.question]
-            top_k = req.top_k or self.default_top_k
-            items = [(q, top_k) for q in questions]
-            out = await asyncio.wait_for(self._remote_search(self.batch_key(req), items), self.settings.timeout)
-            for stats in out["batches"]:
-                self.metrics.on_batch(stats)
-            return questions, [[Hit(*h) for h in hs] for hs in out["hits"]]
+    @asynccontextmanager
+    async def lifespan(self, app=None):
+        await self.start()
+        try:
+            yield
+        finally:
+            await self.stop()
 
-        async def _remote_search(self, key, items) -> dict:
-            last = None
-            for attempt in range(self.ray_settings.ray_retries + 1):
-                try:
-                    return await self.engine.search.remote(key, items)
-                except BackPressureError as exc:
-                    raise HTTPError(429, f"all engine replicas are busy and {exc.message}; retry shortly",
-                                    "overloaded", {"Retry-After": "1"}) from None
-                except (RayActorError, DeploymentUnavailableError) as exc:
-                    last = exc  # the replica died mid-request: a search changes nothing, ask another one
-                    self.retries.inc()
-                    log.warning("engine replica lost during a search (attempt %d): %s", attempt + 1,
-                                str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            raise HTTPError(503, f"the engine replica answering this request was lost ({type(last).__name__}); "
-                                 "retry shortly", "replica_lost", {"Retry-After": "1"})
+    async def hits(self, key: tuple, items: list) -> list:
+        from ..results import Hit
 
-        async def reload(self) -> dict:
-            raise ReloadRefused("with --ray each engine replica reloads itself: start it with --watch SECONDS "
-                                "(replicas check index.json and swap with no failed request), or redeploy")
+        out = await self._remote_search(key, items)
+        for stats in out["batches"]:
+            self.metrics.on_batch(stats)
+        return [[Hit(*h) for h in hs] for hs in out["hits"]]
 
-        async def ainfo(self) -> dict:
-            engine = await asyncio.wait_for(self.engine.describe.remote(), self.settings.timeout)
+    async def _remote_search(self, key, items) -> dict:
+        from ray.exceptions import RayActorError
+        from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+
+        from .front import HTTPError
+
+        last = None
+        for attempt in range(self.ray_settings.ray_retries + 1):
             try:
-                replicas = await asyncio.wait_for(asyncio.to_thread(_replica_states), 10)
-            except Exception as exc:  # noqa: BLE001
-                replicas = f"unknown: {type(exc).__name__}: {exc}"
-            engine.update({
-                "server": self.settings.public(),
-                "ray": {**dataclasses.asdict(self.ray_settings), "ray": True, "replicas": replicas,
-                        "ingress_replica": _replica_id(), "answered_by": engine.pop("replica")},
-                "in_flight": self.in_flight,
-                "llm": {"base_url": self.llm.base_url, "model": self.llm.model} if self.llm is not None else None,
-            })
-            return engine
+                return await self.engine.search.remote(key, items)
+            except BackPressureError as exc:
+                raise HTTPError(429, f"all engine replicas are busy and {exc.message}; retry shortly",
+                                "overloaded", {"Retry-After": "1"}) from None
+            except (RayActorError, DeploymentUnavailableError) as exc:
+                last = exc  # the replica died mid-request: a search changes nothing, ask another one
+                self.retries.inc()
+                log.warning("engine replica lost during a search (attempt %d): %s", attempt + 1,
+                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        raise HTTPError(503, f"the engine replica answering this request was lost ({type(last).__name__}); "
+                             "retry shortly", "replica_lost", {"Retry-After": "1"})
 
-    return RemoteEngineService
+    async def reload(self) -> dict:
+        from .engine_host import ReloadRefused
+
+        raise ReloadRefused("with --ray each engine replica reloads itself: start it with --watch SECONDS "
+                            "(replicas check index.json and swap with no failed request), or redeploy")
+
+    async def info(self) -> dict:
+        engine = await asyncio.wait_for(self.engine.describe.remote(), self.settings.timeout)
+        try:
+            replicas = await asyncio.wait_for(asyncio.to_thread(_replica_states), 10)
+        except Exception as exc:  # noqa: BLE001
+            replicas = f"unknown: {type(exc).__name__}: {exc}"
+        engine.update({
+            "server": self.settings.public(),
+            "ray": {**dataclasses.asdict(self.ray_settings), "ray": True, "replicas": replicas,
+                    "ingress_replica": _replica_id(), "answered_by": engine.pop("replica")},
+        })
+        return engine
 
 
 def _replica_states() -> dict:
@@ -360,17 +376,18 @@ def _replica_states() -> dict:
 
 
 class LinearRAGIngress:
-    """The HTTP routes of `linearrag serve` (LinearRAGService.router) in front of the engine deployment."""
+    """The HTTP routes of `linearrag serve` (serve/front.HTTPFront) in front of the engine deployment."""
 
     def __init__(self, engine, index_dir: str, settings: dict, ray_settings: dict, llm_factory=None):
-        self.service = _ingress_service_class()(index_dir, ServeSettings(**settings), engine,
-                                                RaySettings(**ray_settings),
-                                                llm=llm_factory() if llm_factory is not None else None)
+        from .front import HTTPFront
+
+        self.host = RayEngineHost(ServeSettings(**settings), engine, RaySettings(**ray_settings))
+        self.front = HTTPFront(self.host, llm=llm_factory() if llm_factory is not None else None)
 
     def __serve_build_asgi_app__(self):
         from .app import create_app
 
-        return create_app(self.service)
+        return create_app(self.front)
 
 
 # ---------------------------------------------------------------------------------------------- the application
@@ -520,5 +537,5 @@ def serve_ray(index_dir, settings: ServeSettings, ray_settings: RaySettings, llm
         ray.shutdown()
 
 
-__all__ = ["LinearRAGEngine", "LinearRAGIngress", "RayBatcher", "RaySettings", "app_builder", "build_app",
+__all__ = ["LinearRAGEngine", "LinearRAGIngress", "RayBatcher", "RayEngineHost", "RaySettings", "app_builder", "build_app",
            "deployment_options", "serve_ray"]

@@ -28,6 +28,7 @@ class ServeSettings:
                                 "fewer are queued than were in the server at once over the last second (0: off)")
     max_concurrent: int = _f(256, "requests answered at once; one more gets 429 with Retry-After")
     timeout: float = _f(30.0, "seconds a request may take before it gets 504")
+    body_timeout: float = _f(10.0, "seconds a client may take to send its request body; a slower one gets 408")
     max_body_bytes: int = _f(1 << 20, "largest request body; a larger one gets 413")
     max_questions: int = _f(256, "most questions in one request")
     max_question_chars: int = _f(2000, "longest question, in characters")
@@ -73,8 +74,8 @@ class ServeSettings:
             raise ValueError(f"ner_processes must be >= 0, got {self.ner_processes}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
-        if self.timeout <= 0 or self.graceful_timeout < 0:
-            raise ValueError("timeout must be > 0 and graceful_timeout >= 0")
+        if self.timeout <= 0 or self.body_timeout <= 0 or self.graceful_timeout < 0:
+            raise ValueError("timeout and body_timeout must be > 0 and graceful_timeout >= 0")
 
     def public(self) -> dict:
         """The settings without secrets (for /info and logs)."""

@@ -1,0 +1,308 @@
+"""The engine host: what stands behind the HTTP front (serve/front.py) and answers its searches.
+
+An engine host loads the index and the models, warms them, reloads them, and runs the batches. The front
+(schemas, admission, routes) talks to it through this small interface only:
+
+* ``settings``, ``metrics`` (serve/metrics.Metrics), ``ready``, ``load_error``, ``fingerprint``,
+  ``default_top_k``, ``queued`` (questions waiting for a batch);
+* ``await start()`` / ``await stop()``;
+* ``await hits(key, [(question, top_k), ...])``: one list of Hit per question, with the retrieval settings
+  ``key`` (a hashable, sorted tuple of (setting, value));
+* ``await reload()`` (a dict on success, ReloadRefused otherwise) and ``await info()`` (a dict for GET /info).
+
+``LocalEngineHost`` below is the single-process one (an index in this process, one engine thread, the
+dynamic batcher of serve/batcher.py); ``serve/ray_app.RayEngineHost`` sends the searches to Ray Serve engine
+replicas, each of which runs a LocalEngineHost with Ray's batching.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Callable
+
+from .. import __version__
+from ..retrieval.memory import status_bytes
+from .batcher import Batcher
+from .metrics import Metrics
+from .settings import ServeSettings
+
+log = logging.getLogger("linearrag.serve")
+
+WARMUP_QUESTION = "Who directed the film and where was the director born?"
+
+
+class ReloadRefused(Exception):
+    """A new index that cannot be served (unreadable, failed verification, other models); the old one stays."""
+
+
+def index_fingerprint(index_dir: Path) -> str | None:
+    try:
+        return hashlib.sha256((index_dir / "index.json").read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
+class LocalEngineHost:
+    """One index served in this process. ``rag``: an already loaded LinearRAG (else it is loaded from
+    ``index_dir`` when the host starts; ``ready`` is False until then). ``batcher``: a function of the engine
+    call (``run_batch(key, questions)``) returning the batcher to use (default: serve/batcher.Batcher with the
+    settings' batching; the Ray engine replicas pass Ray Serve's)."""
+
+    def __init__(self, index_dir=None, settings: ServeSettings | None = None, rag=None,
+                 metrics: Metrics | None = None, batcher: Callable | None = None):
+        if index_dir is None and rag is None:
+            raise ValueError("give an index folder or a loaded LinearRAG")
+        self.settings = settings or ServeSettings()
+        self.index_dir = Path(index_dir) if index_dir is not None else None
+        self.rag = rag
+        self._started_ner_processes = False  # --ner-processes: stopped with the host
+        self.metrics = metrics or Metrics()
+        if batcher is None:
+            self.batcher = Batcher(self._run_batch, self.settings.max_batch_size, self.settings.max_wait_ms,
+                                   on_batch=self.metrics.on_batch, gather_ms=self.settings.gather_ms)
+        else:
+            self.batcher = batcher(self._run_batch)
+        self.ready = False
+        self.load_error: str | None = None
+        self.fingerprint: str | None = None
+        self.loaded_at: float | None = None
+        self.on_fatal = None  # called with the error when the first load fails (the CLI stops the server)
+        self._reload_lock: asyncio.Lock | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    # ------------------------------------------------------------------ what the front uses
+    @property
+    def default_top_k(self) -> int:
+        return self.rag.config.top_k
+
+    @property
+    def queued(self) -> int:
+        return self.batcher.queued
+
+    async def hits(self, key: tuple, items: list) -> list:
+        """Hits for each (question, top_k) with the retrieval settings ``key``, through the batcher."""
+        return await self.batcher.submit(key, items)
+
+    async def info(self) -> dict:
+        return self.describe()
+
+    def describe(self) -> dict:
+        """Index counts, settings, device, memory, queue (GET /info without the front's own fields)."""
+        import torch
+
+        rag = self.rag if self.ready else None
+        memory = {"rss_bytes": status_bytes("VmRSS")}
+        if rag is not None:
+            memory["index_tensors_bytes"] = rag.graph.nbytes()
+            memory["memory_budget_bytes"] = rag.graph.memory_budget
+            if rag.device.type == "cuda":
+                memory["cuda_allocated_bytes"] = torch.cuda.memory_allocated(rag.device)
+        return {
+            "version": __version__,
+            "ready": self.ready,
+            "index_dir": str(self.index_dir) if self.index_dir else None,
+            "fingerprint": self.fingerprint,
+            "loaded_at": self.loaded_at,
+            "index": rag.index.summary() if rag else None,
+            "settings": rag.config.to_dict() if rag else None,
+            "index_config": rag.index.index_config.to_dict() if rag else None,
+            "device": str(rag.device) if rag else self.settings.device,
+            "server": self.settings.public(),
+            "torch_threads": torch.get_num_threads(),
+            "memory": memory,
+            "queued_questions": self.batcher.queued,
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Start the batcher and load the index in the background (the routes answer 503 until ready)."""
+        self._reload_lock = asyncio.Lock()
+        if self.settings.threads is not None:
+            from ..retrieval.pipeline import set_threads
+
+            set_threads(self.settings.threads)  # process-wide: only when asked for
+        self.batcher.start()
+        self._tasks.append(asyncio.get_running_loop().create_task(self._first_load(), name="linearrag-load"))
+        if self.settings.watch > 0 and self.index_dir is not None:
+            self._tasks.append(asyncio.get_running_loop().create_task(self._watch(), name="linearrag-watch"))
+
+    async def stop(self) -> None:
+        """Stop watching, answer what is queued, stop the engine thread."""
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks.clear()
+        await self.batcher.stop()
+        if self.rag is not None and self._started_ner_processes:
+            self.rag.close()  # the NER worker processes this service started
+
+    @asynccontextmanager
+    async def lifespan(self, app=None):
+        await self.start()
+        try:
+            yield
+        finally:
+            await self.stop()
+
+    async def _first_load(self) -> None:
+        try:
+            if self.rag is None:  # on the engine thread: see _load_beside
+                self.rag = await self.batcher.call(self._load_rag, None)  # configured there
+                self.fingerprint = index_fingerprint(self.index_dir)
+            else:
+                if self.index_dir is not None:
+                    self.fingerprint = index_fingerprint(self.index_dir)
+                await self.batcher.call(self._configure, self.rag)
+            await self.batcher.call(self._warm, self.rag)
+            self.loaded_at = time.time()
+            self.ready = True
+            log.info("serving %s: %s", self.index_dir or "an index in memory", self.rag.index.summary())
+        except Exception as exc:  # noqa: BLE001 (reported, and the server stops)
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            log.error("cannot serve %s: %s", self.index_dir, self.load_error)
+            if self.on_fatal is not None:
+                self.on_fatal(exc)
+
+    # ------------------------------------------------------------------ the engine thread
+    def _load_rag(self, like):
+        """Load the index folder (verified); reuse the models of ``like`` when the new index uses the same."""
+        from ..api import LinearRAG
+        from ..index import TriGraphIndex
+
+        index = TriGraphIndex.load(self.index_dir, device="cpu", verify=True)
+        rag = LinearRAG(index, self.settings.device, quantize=self.settings.quantize,
+                        encoder_backend=self.settings.encoder_backend)
+        if like is not None:
+            old, new = like.index.index_config, index.index_config
+            if (old.encoder, old.max_length) == (new.encoder, new.max_length) and str(rag.device) == str(like.device):
+                rag._encoder = like._encoder
+            if (old.spacy_model, tuple(old.dropped_labels)) == (new.spacy_model, tuple(new.dropped_labels)):
+                rag._nlp = like._nlp
+            if old.spacy_model == new.spacy_model:
+                rag._ner_pool = like.ner_pool  # the NER worker processes load the model by name
+        try:
+            self._configure(rag)
+            rag.graph  # noqa: B018 (device tensors prepared here, not in the first batch)
+        except BaseException:
+            self._drop(rag, like)
+            raise
+        return rag
+
+    @staticmethod
+    def _drop(rag, keep) -> None:
+        """A loaded index that will not serve: stop NER worker processes it started, not those of ``keep``."""
+        if rag.ner_pool is not None and (keep is None or rag.ner_pool is not keep.ner_pool):
+            rag.close()
+
+    def _load_beside(self, like):
+        """_load_rag on a thread beside the engine's (a reload: batches keep running), with one torch thread.
+
+        torch's OpenMP threads belong to the thread that runs an operation: once a second thread has run
+        parallel torch work (loading an index and preparing its graph is enough), the engine thread's
+        operations slow down for good (2wiki, one question at a time, 2-core CPU: 47 against 28 ms). So the
+        first load runs on the engine thread itself, and a reload's load here with torch set to one thread
+        (while it lasts, the engine's BLAS calls may run on one thread too)."""
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._load_rag(like)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _configure(self, rag) -> None:
+        """The settings that apply to a loaded index (on the engine thread, or beside it for a reload): the
+        memory budget, and --ner-processes workers unless ``rag`` has some (handed over by _load_rag). The
+        workers take all of a batch's NER: the engine thread waits for them without the interpreter lock,
+        which the event loop then has to itself (with the engine thread taking a part, as LinearRAG does by
+        default, the server gained less: benchmarks/README.md)."""
+        if self.settings.memory_budget:
+            from ..retrieval.memory import parse_bytes
+
+            rag.graph.memory_budget = parse_bytes(self.settings.memory_budget)
+        if self.settings.ner_processes and rag.ner_pool is None:
+            rag.start_ner_processes(self.settings.ner_processes, caller_part=False)
+            self._started_ner_processes = True
+
+    def _defaults(self) -> dict:
+        """The operator's retrieval settings (--rerank, --reranker) under every request's own."""
+        d = {"rerank": True} if self.settings.rerank else {}
+        if self.settings.reranker:
+            d["reranker"] = self.settings.reranker
+        return d
+
+    def _warm(self, rag) -> None:
+        """Load the models (the reranker too when it is on) and build the PageRank operator before the first
+        request (engine thread)."""
+        rag.search([WARMUP_QUESTION], **self._defaults())
+
+    def _run_batch(self, key, questions: list) -> list:
+        """Engine thread: one search for the batch at the largest top_k asked; each question keeps its own k
+        (the engine's top-k is a prefix: ties go to the lower row whatever k is)."""
+        overrides = {**self._defaults(), **dict(key)}
+        k = max(q[1] for q in questions)
+        timings = {}
+        hits = self.rag.search([q[0] for q in questions], top_k=k, timings=timings, **overrides)
+        self.metrics.on_stages(timings)
+        return [h[:kq] for h, (_, kq) in zip(hits, questions)]
+
+    def _swap(self, rag) -> None:
+        self._warm(rag)
+        old, self.rag = self.rag, rag
+        if old is not None and old.ner_pool is not None:
+            if old.ner_pool is rag.ner_pool:
+                old._ner_pool = None  # the NER worker processes now belong to the new index
+            else:
+                old.close()  # its NER worker processes load another spaCy model
+
+    # ------------------------------------------------------------------ reload
+    async def reload(self) -> dict:
+        """Load INDEX_DIR again, verify it, warm it and swap it in between two batches. A failure raises
+        ReloadRefused and the old index keeps serving. Requests keep being answered meanwhile."""
+        if self.index_dir is None:
+            raise ReloadRefused("this service was given an index in memory, not a folder")
+        if not self.ready:
+            raise ReloadRefused("the first index is not loaded yet")
+        async with self._reload_lock:
+            fingerprint = index_fingerprint(self.index_dir)
+            t0 = time.perf_counter()
+            rag = None
+            try:
+                rag = await asyncio.to_thread(self._load_beside, self.rag)
+                await self.batcher.call(self._swap, rag)
+            except Exception as exc:  # noqa: BLE001
+                if rag is not None and self.rag is not rag:
+                    self._drop(rag, self.rag)
+                reason = f"{type(exc).__name__}: {exc}"
+                self.metrics.reloads.labels("refused").inc()
+                log.error("reload of %s refused, still serving the previous index: %s", self.index_dir, reason)
+                raise ReloadRefused(reason) from None
+            self.fingerprint = fingerprint
+            self.loaded_at = time.time()
+            self.metrics.reloads.labels("ok").inc()
+            log.info("reloaded %s in %.2f s: %s", self.index_dir, time.perf_counter() - t0, rag.index.summary())
+            return {"status": "reloaded", "fingerprint": fingerprint, "index": rag.index.summary(),
+                    "seconds": round(time.perf_counter() - t0, 3)}
+
+    async def _watch(self) -> None:
+        """Reload when index.json changes (a committed `linearrag add` / `delete`)."""
+        while True:
+            await asyncio.sleep(self.settings.watch)
+            if not self.ready or self._reload_lock.locked():
+                continue
+            current = index_fingerprint(self.index_dir)
+            if current is not None and current != self.fingerprint:
+                try:
+                    await self.reload()
+                except ReloadRefused:
+                    self.fingerprint = current  # logged; do not retry the same bad index every tick
+
