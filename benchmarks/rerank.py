@@ -31,7 +31,7 @@ from benchmarks.quality import (aggregate, check_data_folders, data_set_argument
 from linearrag_torch.config import RetrievalConfig  # noqa: E402
 from linearrag_torch.corpus import read_questions  # noqa: E402
 from linearrag_torch.rerank import Reranker  # noqa: E402
-from linearrag_torch.rerank.scoring import fuse  # noqa: E402
+from linearrag_torch.rerank.scoring import chain_context, fuse  # noqa: E402
 
 SHOWN = ("recall@1", "recall@2", "recall@5", "recall@10")
 
@@ -60,8 +60,11 @@ def evaluate_set(rag, reranker: Reranker, questions: list[dict], cfg: RetrievalC
     pt = reranker.passage_tokens(rag.index)
     B, K = idx.shape[0], max(ks)
     t0 = time.perf_counter()
+    # a chain-aware model reads each candidate with the graph's top passage (the second for the top one): the
+    # same contexts whatever the candidate count, so one scoring serves every K
+    ctx = chain_context(idx[:, :K]).reshape(-1) if reranker.settings.context_tokens else None
     logits = reranker.pair_logits(qt, pt, torch.arange(B).repeat_interleave(K),
-                                  idx[:, :K].clamp(min=0).reshape(-1)).view(B, K).cpu()
+                                  idx[:, :K].clamp(min=0).reshape(-1), ctx).view(B, K).cpu()
     score_s = time.perf_counter() - t0
     res = {"graph": metrics(idx.tolist(), rag, questions), "pairs_scored": B * K, "scoring_s": round(score_s, 2)}
     for k in ks:

@@ -374,6 +374,20 @@ def test_the_shipped_model_loads_and_prefers_the_relevant_passage():
     assert lg[0] > lg[1]
 
 
+def test_the_shipped_model_reads_a_second_hop_through_its_context():
+    """The shipped model is chain-aware: given the first hop's passage as context, the second hop's passage
+    (which never names the film) scores far above an unrelated one, and far above itself without the context."""
+    r = Reranker.load()
+    assert r.settings.context_tokens > 0
+    q = "Where was the director of the film Titanic born?"
+    first = "Titanic (1997 film)\nTitanic is a 1997 American epic romance film written and directed by James Cameron."
+    hop2 = "James Cameron\nJames Francis Cameron is a Canadian filmmaker. He was born in Kapuskasing, Ontario."
+    other = "Kate Winslet\nKate Elizabeth Winslet is an English actress. She was born in Reading, Berkshire."
+    with_ctx = r.predict([(q, hop2), (q, other)], [first, first])
+    without = r.predict([(q, hop2), (q, other)])
+    assert with_ctx[0] > with_ctx[1] + 1.0 and with_ctx[0] > without[0] + 1.0
+
+
 # ------------------------------------------------------------------------------------------ the ways in
 def test_cli_query_and_train_reranker(small_index_dir, small_rag, small_questions, tiny_base, tiny_reranker_dir,
                                       tmp_path, capsys, monkeypatch):

