@@ -196,6 +196,30 @@ def plot(result: dict, png: Path) -> None:
     plt.close(fig)
 
 
+def plot_graph(result: dict, png: Path) -> None:
+    """The graph stage alone (``graph_rows``): ms per question by batch size, host reads per batch on top."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["graph_rows"]
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    xs = range(len(rows))
+    ax.bar(xs, [r["graph_ms_per_question"] for r in rows], 0.6, color="#4c72b0")
+    for x, r in zip(xs, rows):
+        reads = r.get("host_reads_per_batch")
+        ax.text(x, r["graph_ms_per_question"], f"{r['graph_ms_per_question']:.2f} ms"
+                + (f"\n{reads} host reads" if reads is not None else ""), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(xs), [f"batch {r['batch']}" for r in rows])
+    ax.set_ylabel("graph stage, ms per question")
+    ax.set_title(f"Graph stage alone ({Path(result['index']).name}, torch threads: {result['torch_threads']})")
+    ax.margins(y=0.2)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--index", type=Path, required=True, help="index folder (LinearRAG.save)")
@@ -235,6 +259,9 @@ def main(argv=None) -> int:
     png = args.png or args.json.with_suffix(".png")
     if result["rows"]:
         plot(result, png)
+        print(f"wrote {args.json} and {png}", file=sys.stderr)
+    elif result.get("graph_rows"):
+        plot_graph(result, png)
         print(f"wrote {args.json} and {png}", file=sys.stderr)
     else:
         print(f"wrote {args.json}", file=sys.stderr)

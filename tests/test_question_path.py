@@ -361,3 +361,19 @@ def test_question_ner_benchmark_on_two_small_sets(tmp_path, small_corpus, small_
         assert "ner" not in got["off"]["ms_per_question"] and got["off"]["one_core_ceiling_qps"] > 0
     with pytest.raises(SystemExit):
         bench.main(["--data", str(tmp_path / "missing")])
+
+
+def test_throughput_benchmark_graph_stage_alone(small_index_dir, small_questions, tmp_path):
+    """With no --batch-sizes only the graph stage is timed; its plot shows it with the host reads per batch."""
+    qfile = tmp_path / "q.jsonl"
+    qfile.write_text("".join(json.dumps({"question": q["question"]}) + "\n" for q in small_questions))
+    out = tmp_path / "graph.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.throughput", "--index", str(small_index_dir),
+                           "--questions", str(qfile), "--json", str(out), "--batch-sizes", "--threads", "1",
+                           "--graph-batch-sizes", "1", "8", "--min-questions", "4"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    assert res["rows"] == [] and [r["batch"] for r in res["graph_rows"]] == [1, 8]
+    assert all(r["host_reads_per_batch"] < 100 for r in res["graph_rows"])
+    assert out.with_suffix(".png").stat().st_size > 0
