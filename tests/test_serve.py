@@ -414,8 +414,11 @@ def test_serve_command_drains_on_sigterm_and_exits_0(small_index_dir, small_ques
                 pass
             assert time.monotonic() < deadline, "server did not become ready"
             time.sleep(0.2)
-        # open connections are bounded: 8 x --max-concurrent + 64 = 72, then uvicorn answers 503
-        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(72)]
+        # open connections are bounded: 32 x --max-concurrent + 64 = 96, then uvicorn answers 503
+        from linearrag_torch.serve.app import connection_limit
+
+        assert connection_limit(ServeSettings(max_concurrent=1)) == 96
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(96)]
         time.sleep(0.5)
         assert httpx.get(url + "/health").status_code == 503
         for sock in idle:

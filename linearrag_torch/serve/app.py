@@ -132,8 +132,9 @@ class RefusalLogSampler(logging.Filter):
 
 
 def connection_limit(settings: ServeSettings) -> int:
-    """Open connections (and their tasks) uvicorn accepts before it answers 503 itself."""
-    return 8 * settings.max_concurrent + 64
+    """Open connections (and their tasks) uvicorn accepts before it answers 503 itself: room for the refusals
+    held ``refusal_delay`` seconds beside the admitted requests."""
+    return 32 * settings.max_concurrent + 64
 
 
 def serve(index_dir, settings: ServeSettings, llm=None) -> int:
@@ -144,7 +145,7 @@ def serve(index_dir, settings: ServeSettings, llm=None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     service = LinearRAGService(index_dir, settings, llm=llm)
     app = EarlyAdmission(create_app(service, early_admission=False), service.front)  # outermost: refusals cost least
-    # open connections are bounded too: past 8x --max-concurrent (+64 for probes) uvicorn answers 503, and the
+    # open connections are bounded too: past 32x --max-concurrent (+64 for probes) uvicorn answers 503, and the
     # kernel's queue of connections not yet accepted is as long (uvicorn's backlog); one access log line per
     # request at --log-level info (the default) or debug, refusals sampled (RefusalLogSampler)
     limit = connection_limit(settings)

@@ -408,20 +408,31 @@ class EarlyAdmission:
         if not front.authorized(scope):
             return await self.app(scope, receive, send)  # the route answers 401
         t0 = time.perf_counter()
+        deadline = None
         try:
-            place = front.admit(front.deadline(scope))
+            deadline = front.deadline(scope)
+            place = front.admit(deadline)
         except HTTPError as err:
-            return await self._refuse(scope, send, err, rid, t0)
+            return await self._refuse(scope, send, err, rid, t0, deadline)
         scope["state"][_ADMITTED] = place
         try:
             await self._watched(scope, receive, send, place)
         finally:
             place.release()
 
-    async def _refuse(self, scope, send, err: HTTPError, rid: str, t0: float) -> None:
+    async def _refuse(self, scope, send, err: HTTPError, rid: str, t0: float, deadline: float | None = None) -> None:
+        """Answer a refusal. A 429 is held ``refusal_delay`` seconds first, at most a tenth of the request's
+        deadline (an asyncio timer: no CPU, and the request holds no place): a closed-loop client that retries
+        at once after a refusal then sends a few requests a second instead of hundreds, and the engine keeps
+        the cores (issue 28: goodput under overload)."""
         front = self.front
         if err.reason:
             front.metrics.failure(err.reason)
+        delay = 0.0
+        if err.status == 429:
+            delay = min(front.settings.refusal_delay, (deadline or front.settings.timeout) / 10)
+        if delay > 0:
+            await asyncio.sleep(delay)
         body = json.dumps({"detail": err.detail}).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                    (b"x-request-id", rid.encode()),

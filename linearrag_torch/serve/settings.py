@@ -28,6 +28,9 @@ class ServeSettings:
                                 "fewer are queued than were in the server at once over the last second (0: off)")
     max_concurrent: int = _f(256, "requests answered at once; one more gets 429 with Retry-After")
     timeout: float = _f(30.0, "seconds a request may take before it gets 504")
+    refusal_delay: float = _f(0.25, "seconds a 429 is held before it is sent (a timer: no CPU, no engine place), so "
+                                    "that clients retrying at once after a refusal cannot make refusals the server's "
+                                    "main work; well-behaved clients wait Retry-After (>= 1 s) anyway (0: at once)")
     body_timeout: float = _f(10.0, "seconds a client may take to send its request body; a slower one gets 408")
     max_body_bytes: int = _f(1 << 20, "largest request body; a larger one gets 413")
     max_questions: int = _f(256, "most questions in one request")
@@ -76,6 +79,8 @@ class ServeSettings:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.timeout <= 0 or self.body_timeout <= 0 or self.graceful_timeout < 0:
             raise ValueError("timeout and body_timeout must be > 0 and graceful_timeout >= 0")
+        if not 0 <= self.refusal_delay <= 10:
+            raise ValueError(f"refusal_delay must be in [0, 10] seconds, got {self.refusal_delay}")
 
     def public(self) -> dict:
         """The settings without secrets (for /info and logs)."""
