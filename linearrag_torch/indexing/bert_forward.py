@@ -9,7 +9,7 @@ operations, in the same order and on the same weights, straight from Python: emb
 token type 0, then + position, LayerNorm), then per layer the query, key and value projections,
 ``scaled_dot_product_attention`` with the padding mask, the output projection + residual + LayerNorm,
 GELU feed-forward + residual + LayerNorm. Its last hidden states equal BertModel's bit for bit, in float32
-and under bf16 autocast (tests/test_bert_forward.py). (One fused query/key/value product would save a few
+and under bf16 autocast (tests/indexing/test_bert_forward.py). (One fused query/key/value product would save a few
 calls but is not bit-identical: BLAS picks another kernel for a single row.)
 
 Only an eval-mode BertModel that runs attention through SDPA with absolute positions, GELU and plain

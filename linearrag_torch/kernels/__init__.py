@@ -18,7 +18,7 @@ own classes; a cache that belongs with the caller's tensors comes in as a ``work
 | topk_columns | topk.py | - | a stable descending sort of [B, P] for the final top-k |
 
 Adding a CUDA kernel: write ``kernels/triton/<op>.py`` (kernels + a launcher over tensors), call it from
-the op's entry point under ``if use_triton(t):``, and add the equivalence case to tests/test_kernels.py's
+the op's entry point under ``if use_triton(t):``, and add the equivalence case to tests/kernels/test_kernels.py's
 interpreter script and, for timing, benchmarks/kernels.py's ``run_cases``.
 """
 from . import backends

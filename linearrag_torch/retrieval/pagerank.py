@@ -273,7 +273,7 @@ def _expand_entities(lv: Leaves, xe_rows: torch.Tensor, split: _SplitLeaves | No
 # rounding floor (a tolerance below it would otherwise run to ppr_max_iter). Only there: a Gauss-Seidel
 # step's change need not shrink while it is large (on random graphs with dangling nodes or adjacent passages
 # it grew at changes of 8e-3 to 0.4, early on; from 1e-3 down to 1e-6 it never did, over 600 random
-# graphs: tests/test_equations.py), unlike the power iteration's, which shrinks by d per step.
+# graphs: tests/retrieval/test_equations.py), unlike the power iteration's, which shrinks by d per step.
 FLOOR_RULE_BELOW = 1e-4
 
 

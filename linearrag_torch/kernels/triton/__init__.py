@@ -3,7 +3,7 @@
 Each module imports ``triton`` at import time, so the torch-side entry points (``kernels/<op>.py``)
 import it only after ``backends.use_triton`` said yes. A module holds the ``@triton.jit`` kernels and
 one launcher taking plain tensors, with the same contract as the entry point's torch fallback; the
-tests compare the two in Triton's interpreter (tests/test_kernels.py).
+tests compare the two in Triton's interpreter (tests/kernels/test_kernels.py).
 """
 
 

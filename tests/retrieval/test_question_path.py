@@ -14,7 +14,7 @@ from linearrag_torch.retrieval.pipeline import STAGES, IndexEntityVectors
 
 from conftest import demo_questions
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

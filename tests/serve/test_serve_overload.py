@@ -336,7 +336,7 @@ def test_overload_and_soak_benchmark_modes_end_to_end(small_index_dir, small_que
     from conftest import write_jsonl
 
     qfile = write_jsonl(tmp_path / "questions.jsonl", small_questions)
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     common = ["--index", str(small_index_dir), "--questions", str(qfile), "--max-concurrent", "2",
               "--client-processes", "1", "--timeout", "20"]
     out = tmp_path / "overload.json"

@@ -126,7 +126,7 @@ def assert_same(got: dict, want: dict) -> None:
     for g, w in zip(got["results"], want["results"]):
         assert [(h["id"], h["title"], h.get("text")) for h in g["hits"]] == \
                [(h["id"], h["title"], h.get("text")) for h in w["hits"]], g["question"]
-        # as tests/test_serve.py: the same passages in the same order, scores within 1e-5
+        # as tests/serve/test_serve.py: the same passages in the same order, scores within 1e-5
         assert all(abs(hg["score"] - hw["score"]) < 1e-5 for hg, hw in zip(g["hits"], w["hits"])), g["question"]
 
 

@@ -15,7 +15,7 @@ from linearrag_torch.answers.generation import JUDGE_PROMPT  # noqa: E402
 from conftest import small_passages, write_jsonl  # noqa: E402
 from scripted_servers import ScriptedChatServer, running  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -457,7 +457,7 @@ def test_serve_benchmark_end_to_end(small_index_dir, small_questions, tmp_path):
 
     qfile = write_jsonl(tmp_path / "questions.jsonl", small_questions)
     out = tmp_path / "serve.json"
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-m", "benchmarks.serve", "--index", str(small_index_dir), "--questions",
                            str(qfile), "--json", str(out), "--concurrency", "1", "2", "--duration", "1",
                            "--overload-clients", "12", "--client-processes", "2"], cwd=root, capture_output=True,

@@ -10,7 +10,7 @@ import torch
 
 from linearrag_torch import env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "linearrag_torch"
 # read the environment themselves: the HTTP client (torch-free, its own module; LINEARRAG_API_KEY is in the table)
 # and kernels_mode, which sets LINEARRAG_KERNELS for a block

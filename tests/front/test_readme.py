@@ -25,7 +25,7 @@ import pytest
 from conftest import write_jsonl, small_passages
 from scripted_servers import ScriptedChatServer, running
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 SAMPLE = "linearrag_torch/data/demo_corpus.jsonl"
 RUN = {"index", "query", "answer", "--version"}  # the commands run here (with their arguments as written)
