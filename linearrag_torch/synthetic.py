@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .index import TriGraphIndex
+from .index import TokenKeys, TriGraphIndex
 from .queries import EncodedQueries
 from .retrieval.sparse import Csr
 
@@ -159,9 +159,13 @@ def index_from_mentions(m: Mentions, passage_emb: torch.Tensor, sentence_emb: to
     N = Csr.from_coo(torch.cat([counts.row_index(), m.extra_passage]), torch.cat([counts.col, m.extra_entity]),
                      torch.cat([counts.val, torch.ones(m.extra_passage.numel())]), (P, E))
     PS = Csr.from_coo(m.sent_passage, torch.arange(S), torch.ones(S), (P, S))
+    # token keys as a built index has them (indexing/build.py): distinct per node, as distinct encoder tokens
+    # give (random unit vectors never coincide); the engine then takes a chain seed's nearest entity to be
+    # itself without a scan, as it does on a real index (chain.second_round_queries)
+    keys = TokenKeys(torch.arange(P), torch.arange(S), torch.arange(E))
     return TriGraphIndex(
         passage_ids=range(P), titles=[""] * P, texts=[""] * P, sentences=[""] * S, entities=[""] * E,
-        passage_emb=passage_emb, sentence_emb=sentence_emb, entity_emb=entity_emb, M=M, C=C, N=N, PS=PS,
+        passage_emb=passage_emb, sentence_emb=sentence_emb, entity_emb=entity_emb, M=M, C=C, N=N, PS=PS, keys=keys,
     )
 
 
