@@ -21,7 +21,8 @@ of --overload-factors (4 16) that many times M clients, aggressive (10 ms after 
 ignored) and well-behaved (SearchClient's jittered backoff and retry budget), then recovery with M clients:
 goodput (200s / s) against the capacity of the same run, p50 / p99 of the 200s, statuses, RSS, judged against
 issue 28's targets. With --soak SECONDS: capacity, then Poisson arrivals of requests of 1, 4 or 16 questions at
---soak-load (0.7) of it, a reload every --reload-every s (120), the server's RSS and open files sampled: failed
+--soak-load (0.7) of it against a server at its default --max-concurrent (--soak-max-concurrent), a reload
+every --reload-every s (120), the server's RSS and open files sampled: failed
 requests, RSS and open-fd slopes, p99 per window and its drift. Both write JSON and a plot.
 Everything targets 127.0.0.1, every phase is bounded in time, and the servers are stopped (SIGTERM).
 The clients share the machine with the server: on a 2-core machine their own CPU use is part of
@@ -74,8 +75,8 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "linearrag_torch.cli", "serve", str(index), "--port", str(self.port),
                "--device", device, "--max-batch-size", str(max_batch_size), "--max-wait-ms", str(max_wait_ms),
-               "--max-concurrent", str(max_concurrent), "--timeout", str(timeout), "--log-level", "warning",
-               *extra_args]
+               *(("--max-concurrent", str(max_concurrent)) if max_concurrent else ()), "--timeout", str(timeout),
+               "--log-level", "warning", *extra_args]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         self.log = open(log, "wb") if log else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=self.log)
@@ -405,10 +406,11 @@ OVERLOAD_BEHAVIOURS = (("aggressive", "storm"), ("well-behaved", "backoff"))
 TARGETS = {"aggressive": 0.70, "well-behaved": 0.90, "p99_ms": 2000.0, "rss_growth": 0.10}
 
 
-def start_server(args, questions) -> tuple[Server, float]:
-    """The batching server (--max-batch-size 64) with --max-concurrent, ready and warmed up."""
+def start_server(args, questions, max_concurrent: int | None = None) -> tuple[Server, float]:
+    """The batching server (--max-batch-size 64) with ``max_concurrent`` (None: the server's default), ready and
+    warmed up."""
     server = Server(args.index, args.device, MODES["batching"]["max_batch_size"], MODES["batching"]["max_wait_ms"],
-                    args.max_concurrent, args.timeout, args.server_log, tuple(shlex.split(args.server_args)))
+                    max_concurrent, args.timeout, args.server_log, tuple(shlex.split(args.server_args)))
     ready_s = server.wait_ready()
     asyncio.run(closed_loop(server.url, questions, 4, min(2.0, args.duration), 50, args.timeout))  # warm-up
     return server, ready_s
@@ -424,7 +426,7 @@ def run_overload(args, questions: list[str]) -> dict:
               "duration_s": args.duration, "max_concurrent": m, "server_args": args.server_args,
               "client": f"aiohttp {aiohttp.__version__}", "client_nice": args.client_nice, "targets": TARGETS,
               "machine": machine(torch.device(args.device), torch.get_num_threads())}
-    server, ready_s = start_server(args, questions)
+    server, ready_s = start_server(args, questions, args.max_concurrent)
     try:
         result["ready_s"] = round(ready_s, 2)
         cap = phase(server, "capacity", questions, m, args, "retry-after")
@@ -506,10 +508,11 @@ def run_soak(args, questions: list[str]) -> dict:
     mean_size = sum(n * w for n, w in SOAK_SIZES)
     result = {"date": _dt.date.today().isoformat(), "mode": "soak", "index": str(args.index),
               "questions": str(args.questions), "device": args.device, "soak_s": args.soak,
-              "max_concurrent": args.max_concurrent, "load_share": args.soak_load, "sizes": SOAK_SIZES,
+              "max_concurrent": args.max_concurrent, "server_max_concurrent": args.soak_max_concurrent or "default",
+              "load_share": args.soak_load, "sizes": SOAK_SIZES,
               "reload_every_s": args.reload_every, "server_args": args.server_args,
               "machine": machine(torch.device(args.device), torch.get_num_threads())}
-    server, ready_s = start_server(args, questions)
+    server, ready_s = start_server(args, questions, args.soak_max_concurrent)
     try:
         cap_args = argparse.Namespace(**{**vars(args), "duration": args.soak_capacity_s})
         cap = phase(server, "capacity", questions, args.max_concurrent, cap_args, "retry-after")
@@ -712,6 +715,11 @@ def main(argv=None) -> int:
                     help="run the client processes at nice N (e.g. 10): on a machine whose cores the clients share "
                          "with the server, an approximation of clients on other machines; report it beside a run "
                          "at 0 (default %(default)s)")
+    ap.add_argument("--soak-max-concurrent", type=int, default=None, metavar="N",
+                    help="--soak: the server's --max-concurrent (default: the server's own, 256; capacity is measured "
+                         "with --max-concurrent clients either way). A soak is open-loop traffic at a share of capacity, "
+                         "not overload: with a count limit near the mean number in flight its bursts are refused by "
+                         "design")
     ap.add_argument("--soak-load", type=float, default=0.7, help="--soak: share of capacity (default %(default)s)")
     ap.add_argument("--soak-capacity-s", type=float, default=20.0,
                     help="--soak: seconds of the capacity measurement (default %(default)s)")

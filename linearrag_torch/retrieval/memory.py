@@ -16,6 +16,8 @@ so freed blocks stay in the process and are reused. The cost: the process keeps 
 of returning it to the system between steps.
 
 The ``linearrag`` command and the benchmarks call it; a library user who owns the process can too.
+``release_freed_memory`` is its counterpart for a moment when much was freed at once (the server's reload
+drops a whole index): glibc's malloc_trim gives the free pages of every arena back to the system.
 """
 from __future__ import annotations
 
@@ -93,6 +95,23 @@ def keep_freed_memory() -> bool:
     _applied = all(mallopt(param, value) == 1 for param, value in (
         (_M_MMAP_THRESHOLD, 1 << 30), (_M_TRIM_THRESHOLD, 2**31 - 1), (_M_TOP_PAD, 256 << 20)))
     return _applied
+
+
+def release_freed_memory() -> bool:
+    """Collect garbage, then give freed heap pages back to the system (glibc's malloc_trim(0), which works
+    whatever keep_freed_memory set). True when malloc_trim ran (Linux with glibc), False elsewhere."""
+    import gc
+
+    gc.collect()
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True
 
 
 def status_bytes(field: str, pid="self") -> int | None:

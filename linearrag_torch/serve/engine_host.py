@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import __version__
-from ..retrieval.memory import status_bytes
+from ..retrieval.memory import release_freed_memory, status_bytes
 from .batcher import Batcher
 from .metrics import Metrics
 from .settings import ServeSettings
@@ -256,6 +256,9 @@ class LocalEngineHost:
         return [h[:kq] for h, (_, kq) in zip(hits, questions)]
 
     def _swap(self, rag) -> None:
+        """Engine thread, between two batches: warm ``rag`` and serve it; the old index is dropped and its
+        memory given back to the system (the CLI's keep_freed_memory would otherwise keep it in the heap, and
+        each reload would grow the process by the part of an index that the next one cannot reuse)."""
         self._warm(rag)
         old, self.rag = self.rag, rag
         if old is not None and old.ner_pool is not None:
@@ -263,6 +266,8 @@ class LocalEngineHost:
                 old._ner_pool = None  # the NER worker processes now belong to the new index
             else:
                 old.close()  # its NER worker processes load another spaCy model
+        del old
+        release_freed_memory()
 
     # ------------------------------------------------------------------ reload
     async def reload(self) -> dict:

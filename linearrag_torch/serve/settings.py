@@ -28,7 +28,7 @@ class ServeSettings:
                                 "fewer are queued than were in the server at once over the last second (0: off)")
     max_concurrent: int = _f(256, "requests answered at once; one more gets 429 with Retry-After")
     timeout: float = _f(30.0, "seconds a request may take before it gets 504")
-    refusal_delay: float = _f(0.25, "seconds a 429 is held before it is sent (a timer: no CPU, no engine place), so "
+    refusal_delay: float = _f(0.5, "seconds a 429 is held before it is sent (a timer: no CPU, no engine place), so "
                                     "that clients retrying at once after a refusal cannot make refusals the server's "
                                     "main work; well-behaved clients wait Retry-After (>= 1 s) anyway (0: at once)")
     body_timeout: float = _f(10.0, "seconds a client may take to send its request body; a slower one gets 408")

@@ -253,6 +253,34 @@ def test_a_full_server_refuses_before_reading_the_body(small_rag):
         assert r.status_code == 422  # with room again, the same body is read and refused for what it is
 
 
+def test_a_refusal_is_held_refusal_delay_at_most_a_tenth_of_the_deadline(small_rag):
+    """A 429 is sent refusal_delay seconds after the request came (serve/front.py EarlyAdmission._refuse), or
+    a tenth of the request's own deadline when that is shorter; the held refusal takes no place."""
+    with slow_serving(small_rag, 3.0, max_concurrent=1, max_batch_size=1, timeout=20, refusal_delay=0.8) as (url, service):
+
+        async def go():
+            async with httpx.AsyncClient(timeout=TIMEOUT) as client:
+                held = asyncio.create_task(client.post(url + "/v1/search", json={"question": "Who is held?"}))
+                while service.in_flight < 1:
+                    await asyncio.sleep(0.01)
+
+                async def timed(headers):
+                    t0 = time.perf_counter()
+                    r = await client.post(url + "/v1/search", json={"question": "Who else?"}, headers=headers)
+                    return r, time.perf_counter() - t0
+
+                plain, short = await asyncio.gather(timed({}), timed({"X-Request-Timeout": "2"}))
+                in_flight = service.in_flight
+                service.delay = 0.0
+                return plain, short, in_flight, await held
+
+        (plain, plain_s), (short, short_s), in_flight, held = asyncio.run(go())
+        assert plain.status_code == short.status_code == 429 and held.status_code == 200
+        assert 0.8 <= plain_s < 2.5, plain_s  # held refusal_delay (the held request still runs for 3 s)
+        assert 0.2 <= short_s < 0.7, short_s  # a tenth of its 2 s deadline
+        assert in_flight == 1  # the refusals held no place
+
+
 def test_api_key_guards_every_route_but_health(small_rag):
     with serving(small_rag, api_key="s3cret") as (url, _):
         good = {"Authorization": "Bearer s3cret"}

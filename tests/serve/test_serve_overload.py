@@ -351,6 +351,7 @@ def test_overload_and_soak_benchmark_modes_end_to_end(small_index_dir, small_que
     for r in res["phases"][1:3]:
         assert r["clients"] == 8 and r["goodput_qps"] == r["throughput_qps"] and r["goodput_share"] > 0
         assert set(r["statuses"]) <= {"200", "429", "503"} and set(r["checks"]) == {"goodput", "p99", "statuses", "rss"}
+    assert "429" in res["phases"][1]["statuses"]  # 8 clients against the server's --max-concurrent 2
     assert "recovered" in res["phases"][-1] and out.with_suffix(".png").stat().st_size > 0
 
     out = tmp_path / "soak.json"
@@ -360,6 +361,7 @@ def test_overload_and_soak_benchmark_modes_end_to_end(small_index_dir, small_que
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads(out.read_text())
     assert res["requests"] > 0 and res["failed"] == 0, res["statuses"]
+    assert res["max_concurrent"] == 2 and res["server_max_concurrent"] == "default"  # capacity at 2 clients
     assert res["reloads_ok"] >= 2 and all(r["status"] == 200 for r in res["reloads"])
     assert len(res["samples"]) >= 5 and all(s["open_fds"] > 0 for s in res["samples"])
     assert res["rss_slope_bytes_per_min"] is not None and res["open_fds_slope_per_min"] is not None
