@@ -38,6 +38,7 @@ from benchmarks.rerank import metrics  # noqa: E402
 from linearrag_torch.config import RetrievalConfig  # noqa: E402
 from linearrag_torch.corpus import read_questions  # noqa: E402
 from linearrag_torch.rerank import Reranker  # noqa: E402
+from linearrag_torch.rerank.scoring import fuse  # noqa: E402
 
 DEPTH = 10
 SHOWN = ("recall@1", "recall@2", "recall@5", "recall@10")
@@ -63,11 +64,7 @@ def context_logits(rag, reranker: Reranker, texts: list[str], contexts: int) -> 
 
 def graph_terms(settings, sc: torch.Tensor, K: int) -> torch.Tensor:
     """The fused score's graph part (rank and score terms, scoring.fuse) of the first K candidates."""
-    B = sc.shape[0]
-    ranks = torch.log1p(torch.arange(K, dtype=torch.float32)).expand(B, K)
-    top = sc[:, :1]
-    ratio = torch.where(top > 0, sc[:, :K] / top.clamp(min=1e-30), torch.zeros_like(sc[:, :K]))
-    return settings.w_rank * ranks + settings.w_score * torch.log(ratio.clamp(1e-6, 1.0))
+    return fuse(settings, torch.zeros(sc.shape[0], K), sc[:, :K])
 
 
 def orders(settings, idx: torch.Tensor, sc: torch.Tensor, L: torch.Tensor) -> dict:

@@ -75,6 +75,18 @@ _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 _applied: bool | None = None
 
 
+def _glibc():
+    """The C library when it is glibc on Linux (the allocator calls below are glibc's), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.gnu_get_libc_version  # glibc only (musl has no such function)
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
 def keep_freed_memory() -> bool:
     """Make glibc keep and reuse freed memory (mallopt: mmap threshold 1 GiB, no trimming, 256 MiB top
     pad). Returns True when applied (Linux with glibc), False elsewhere; calling again does nothing new."""
@@ -82,15 +94,10 @@ def keep_freed_memory() -> bool:
     if _applied is not None:
         return _applied
     _applied = False
-    if not sys.platform.startswith("linux"):
+    libc = _glibc()
+    if libc is None:
         return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-        gnu_get_libc_version = libc.gnu_get_libc_version  # glibc only (musl has no such function)
-    except (OSError, AttributeError):
-        return False
-    del gnu_get_libc_version
+    mallopt = libc.mallopt
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     _applied = all(mallopt(param, value) == 1 for param, value in (
         (_M_MMAP_THRESHOLD, 1 << 30), (_M_TRIM_THRESHOLD, 2**31 - 1), (_M_TOP_PAD, 256 << 20)))
@@ -103,12 +110,10 @@ def release_freed_memory() -> bool:
     import gc
 
     gc.collect()
-    if not sys.platform.startswith("linux"):
+    libc = _glibc()
+    if libc is None:
         return False
-    try:
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return False
+    trim = libc.malloc_trim
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     trim(0)
     return True
