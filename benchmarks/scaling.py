@@ -12,6 +12,7 @@ against size. See benchmarks/README.md for the protocol and benchmarks/results/ 
 from __future__ import annotations
 
 import argparse
+import datetime
 import gc
 import json
 import math
@@ -35,7 +36,6 @@ from linearrag_torch.config import IndexConfig, RetrievalConfig  # noqa: E402
 from linearrag_torch.retrieval.engine import DeviceGraph, retrieve  # noqa: E402
 from linearrag_torch.synthetic import index_from_mentions, random_embeddings, random_mentions, random_queries
 
-DATE = "2026-11-30"  # the date of our recorded runs (benchmarks/results/scaling_cpu.json)
 DEFAULT_SIZES = (10_000, 30_000, 100_000, 300_000, 1_000_000)
 DEFAULT_BATCHES = (1, 64, 1024)
 
@@ -515,7 +515,7 @@ def prepare(args):
 def report(args, argv, device, malloc_kept, stats, real, generator, sizes, rows) -> dict:
     """The result so far, written to --json (after every size: a long run keeps what it did)."""
     result = {
-        "benchmark": "scaling", "date": DATE, "machine": {**machine(device, args.threads),
+        "benchmark": "scaling", "date": datetime.date.today().isoformat(), "machine": {**machine(device, args.threads),
                                                           "malloc_keep_freed_memory": malloc_kept},
         "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.scaling"] + (argv or sys.argv[1:])),
         "config": RetrievalConfig().to_dict(), "synthetic_stats": stats, "generator": generator,

@@ -22,8 +22,9 @@ ignored) and well-behaved (SearchClient's jittered backoff and retry budget), th
 goodput (200s / s) against the capacity of the same run, p50 / p99 of the 200s, statuses, RSS, judged against
 issue 28's targets. With --soak SECONDS: capacity, then Poisson arrivals of requests of 1, 4 or 16 questions at
 --soak-load (0.7) of it against a server at its default --max-concurrent (--soak-max-concurrent), a reload
-every --reload-every s (120), the server's RSS and open files sampled: failed
-requests, RSS and open-fd slopes, p99 per window and its drift. Both write JSON and a plot.
+every --reload-every s (120), the server's RSS and open files (sockets apart) sampled: failed
+requests, RSS slopes (whole run, second half), open-fd slopes (all, non-socket), the fds left once the clients
+have closed their connections, p99 per window and its drift. Both write JSON and a plot.
 Everything targets 127.0.0.1, every phase is bounded in time, and the servers are stopped (SIGTERM).
 The clients share the machine with the server: on a 2-core machine their own CPU use is part of
 what is measured (see benchmarks/README.md).
@@ -110,10 +111,25 @@ class Server:
 
     def open_fds(self) -> int | None:
         """Open file descriptors of the server process (Linux only, else None)."""
+        return self.fd_kinds()["open_fds"]
+
+    def fd_kinds(self) -> dict:
+        """The server's open file descriptors, all and split: sockets (the clients' connections, which a client's
+        keep-alive pool holds open between requests, and the listening socket) and the rest (files, pipes, event
+        fds: what a leak of the server's own would grow). Linux only, else None each."""
+        counts = {"open_fds": None, "open_sockets": None, "open_other_fds": None}
         try:
-            return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+            fd_dir = f"/proc/{self.proc.pid}/fd"
+            targets = []
+            for fd in os.listdir(fd_dir):
+                try:
+                    targets.append(os.readlink(f"{fd_dir}/{fd}"))
+                except OSError:  # closed between the listing and the read
+                    pass
         except OSError:
-            return None
+            return counts
+        sockets = sum(t.startswith("socket:") for t in targets)
+        return {"open_fds": len(targets), "open_sockets": sockets, "open_other_fds": len(targets) - sockets}
 
     def metrics(self) -> dict:
         """The batch-size histogram's sum and count (questions, engine calls), and the server's own histograms of
@@ -530,7 +546,7 @@ def run_soak(args, questions: list[str]) -> dict:
 async def soak_load(server: Server, questions: list[str], rate: float, sizes, weights, args) -> dict:
     rng = random.Random(0)
     records = []  # (seconds since start, size, latency s, status)
-    samples = []  # {"t", "rss_bytes", "children_rss_bytes", "open_fds", "in_flight"}
+    samples = []  # {"t", "rss_bytes", "children_rss_bytes", "open_fds", "open_sockets", "open_other_fds", "in_flight"}
     reloads = []
     outstanding = set()
     cap = 8 * args.max_concurrent  # requests in flight at most (an unbounded open loop would be a memory test)
@@ -577,7 +593,7 @@ async def soak_load(server: Server, questions: list[str], rate: float, sizes, we
         while True:
             mem = server.memory()
             samples.append({"t": round(time.perf_counter() - t0, 1), "rss_bytes": mem["rss_bytes"],
-                            "children_rss_bytes": mem["children_rss_bytes"], "open_fds": server.open_fds(),
+                            "children_rss_bytes": mem["children_rss_bytes"], **server.fd_kinds(),
                             "in_flight": len(outstanding)})
             if time.perf_counter() >= end:
                 return
@@ -604,7 +620,11 @@ async def soak_load(server: Server, questions: list[str], rate: float, sizes, we
             await asyncio.wait(outstanding, timeout=args.timeout + 15)
         await helpers[1]
         helpers[0].cancel()
-    return {**soak_report(records, samples, reloads, skipped, args), "refusals_retried": dict(retried)}
+    # the clients' keep-alive connections are closed with the session: what stays open after is the server's own
+    await asyncio.sleep(2.0)
+    after = {"t": round(time.perf_counter() - t0, 1), **server.fd_kinds()}
+    return {**soak_report(records, samples, reloads, skipped, args), "fds_after_clients_closed": after,
+            "refusals_retried": dict(retried)}
 
 
 def slope_per_minute(points: list[tuple[float, float]]) -> float | None:
@@ -635,6 +655,7 @@ def soak_report(records, samples, reloads, skipped, args) -> dict:
         by_size[str(n)] = {"ok": len(lat), **percentiles(lat)}
     rss = [(s["t"], s["rss_bytes"]) for s in samples]
     fds = [(s["t"], s["open_fds"]) for s in samples]
+    other = [(s["t"], s.get("open_other_fds")) for s in samples]
     return {
         "requests": len(records), "statuses": dict(statuses),
         "failed": sum(v for k, v in statuses.items() if k != "200"), "skipped_at_client_cap": skipped,
@@ -642,8 +663,13 @@ def soak_report(records, samples, reloads, skipped, args) -> dict:
         "p99_drift": {"first_ms": p99s[0][1] if p99s else None, "last_ms": p99s[-1][1] if p99s else None,
                       "slope_ms_per_min": slope_per_minute(p99s)},
         "rss_slope_bytes_per_min": slope_per_minute(rss), "open_fds_slope_per_min": slope_per_minute(fds),
+        # the second half alone: the first minutes hold the warm-up (allocator arenas, caches) a leak is not
+        "rss_slope_second_half_bytes_per_min": slope_per_minute([(t, v) for t, v in rss if t >= args.soak / 2]),
         "rss_first_last": [rss[0][1], rss[-1][1]] if rss else None,
         "open_fds_first_last": [fds[0][1], fds[-1][1]] if fds else None,
+        "open_other_fds_slope_per_min": slope_per_minute(other),
+        "open_other_fds_first_last": [other[0][1], other[-1][1]] if other else None,
+        "open_sockets_max": max((s.get("open_sockets") or 0 for s in samples), default=None),
         "reloads": reloads, "reloads_ok": sum(r["status"] == 200 for r in reloads), "samples": samples,
     }
 
@@ -659,8 +685,14 @@ def plot_soak(result: dict, path: Path) -> None:
     ts = [s["t"] / 60 for s in samples]
     ax1.plot(ts, [(s["rss_bytes"] or 0) / 2**20 for s in samples], label="server RSS")
     ax1.set_ylabel("MiB")
-    ax2.plot(ts, [s["open_fds"] or 0 for s in samples], color="tab:purple")
-    ax2.set_ylabel("open file descriptors")
+    ax2.plot(ts, [s["open_fds"] or 0 for s in samples], color="tab:purple", label="all")
+    if any("open_sockets" in s for s in samples):
+        ax2.plot(ts, [s.get("open_sockets") or 0 for s in samples], color="tab:blue", alpha=0.6, label="sockets")
+        ax2.plot(ts, [s.get("open_other_fds") or 0 for s in samples], color="tab:green", label="files, pipes, ...")
+        ax2.plot(ts, [s["in_flight"] for s in samples], color="tab:gray", alpha=0.4, linewidth=0.7,
+                 label="requests in flight")
+        ax2.legend(fontsize=7)
+    ax2.set_ylabel("open file descriptors of the server")
     w = result.get("p99_windows", [])
     ax3.plot([x["t"] / 60 for x in w], [x["p99_ms"] for x in w], "o-", label="p99")
     ax3.plot([x["t"] / 60 for x in w], [x["p50_ms"] for x in w], "s--", label="p50")
@@ -674,7 +706,8 @@ def plot_soak(result: dict, path: Path) -> None:
     fig.suptitle(f"soak of linearrag serve on {Path(result['index']).name}: {result['soak_s']} s at "
                  f"{result['load_share']:.0%} of {result.get('capacity_qps')} q/s; failed {result.get('failed')}; "
                  f"RSS slope {(result.get('rss_slope_bytes_per_min') or 0) / 2**20:.2f} MiB/min, fds slope "
-                 f"{result.get('open_fds_slope_per_min') or 0:.2f}/min", fontsize=9)
+                 f"{result.get('open_fds_slope_per_min') or 0:.2f}/min (non-socket "
+                 f"{result.get('open_other_fds_slope_per_min') or 0:.2f}/min)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -743,7 +776,8 @@ def main(argv=None) -> int:
                     "phases": {r["phase"]: [r.get("goodput_share"), r["p99_ms"], r["statuses"]]
                                for r in result.get("phases", [])}} if args.overload else
                    {k: result.get(k) for k in ("capacity_qps", "requests", "failed", "statuses", "reloads_ok",
-                                               "rss_slope_bytes_per_min", "open_fds_slope_per_min", "p99_drift")})
+                                               "rss_slope_bytes_per_min", "rss_slope_second_half_bytes_per_min",
+                                               "open_fds_slope_per_min", "open_other_fds_slope_per_min", "fds_after_clients_closed", "p99_drift")})
         print(json.dumps(summary), file=sys.stderr)
         return 0
     if args.overload_clients <= max(args.concurrency):

@@ -37,7 +37,8 @@ class Variable:
 MEMORY_BUDGET = Variable(
     "LINEARRAG_MEMORY_BUDGET", None,
     "working memory of one engine call (a query batch runs in chunks of questions that fit), e.g. `2G`, `512M`; "
-    "unset: half the free GPU memory on CUDA, a quarter of the available RAM (at most 4 GiB) on the CPU; "
+    "unset: half the free GPU memory on CUDA; on the CPU chunks of 256 MiB (at least 64 questions) within a quarter "
+    "of the available RAM (at most 4 GiB); "
     "`--memory-budget` of `linearrag serve` overrides it",
     "retrieval/memory.py")
 THREADS = Variable(

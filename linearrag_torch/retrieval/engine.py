@@ -24,7 +24,7 @@ from .activation import (Activation, ActivePairs, NearestMemo, dense_seeds, prop
                          seed_pairs)
 from ..config import RetrievalConfig
 from ..index import TriGraphIndex
-from .memory import default_memory_budget
+from .memory import default_chunk_budget
 from .pagerank import PPRGraph, passage_reset_entries, personalized_pagerank
 from ..queries import EncodedQueries, Retrieved
 from .sparse import ColumnEntries
@@ -79,7 +79,7 @@ class DeviceGraph:
                  upcast: bool | None = None):
         self.device = torch.device(device)
         self.index = index
-        self.memory_budget = memory_budget  # None: default_memory_budget(device) at query time
+        self.memory_budget = memory_budget  # None: memory.default_chunk_budget(device, ...) at query time
         M = index.M.to("cpu")
         MT = M.transpose()
         self.M_crow, self.M_col = M.crow.to(self.device), M.col.to(self.device)
@@ -208,9 +208,10 @@ class DeviceGraph:
     def questions_per_chunk(self, memory_budget: int | None = None, cfg: RetrievalConfig | None = None) -> int:
         """How many questions one chunk of a batch holds within the memory budget (at least 1)."""
         budget = memory_budget if memory_budget is not None else self.memory_budget
+        per_question = max(self.bytes_per_question(cfg), 1)
         if budget is None:
-            budget = default_memory_budget(self.device)
-        return max(1, int(budget) // max(self.bytes_per_question(cfg), 1))
+            budget = default_chunk_budget(self.device, per_question)
+        return max(1, int(budget) // per_question)
 
     def nbytes(self) -> int:
         """Bytes of the query tensors on the device (embeddings, sparse matrices, PPR operator)."""

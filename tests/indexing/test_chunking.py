@@ -5,7 +5,8 @@ import torch
 from linearrag_torch.retrieval import engine
 from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.retrieval.engine import DeviceGraph, retrieve
-from linearrag_torch.retrieval.memory import MEMORY_BUDGET_ENV, default_memory_budget, parse_bytes
+from linearrag_torch.retrieval import memory
+from linearrag_torch.retrieval.memory import MEMORY_BUDGET_ENV, default_chunk_budget, default_memory_budget, parse_bytes
 from linearrag_torch.synthetic import random_index, random_queries
 
 
@@ -47,6 +48,22 @@ def test_memory_budget_setting(monkeypatch):
     assert graph.questions_per_chunk() == 1
     monkeypatch.delenv(MEMORY_BUDGET_ENV)
     assert default_memory_budget("cpu") >= 256 << 20
+
+
+def test_default_chunks_on_a_cpu_are_256_mib_within_the_limit(monkeypatch):
+    """Unset, a CPU chunk holds 256 MiB of questions (at least 64) within the memory limit; a set budget and a
+    GPU keep the limit (documented in memory.py and docs/tuning.md)."""
+    monkeypatch.delenv(MEMORY_BUDGET_ENV, raising=False)
+    monkeypatch.setattr(memory, "default_memory_budget", lambda device: 3 << 30)
+    assert default_chunk_budget("cpu", 1 << 20) == 256 << 20  # 256 questions of 1 MiB
+    assert default_chunk_budget("cpu", 8 << 20) == 512 << 20  # 64 questions of 8 MiB
+    assert default_chunk_budget("cpu", 1 << 30) == 3 << 30  # the limit wins over 64 questions
+    assert default_chunk_budget("cuda", 1 << 20) == 3 << 30  # a GPU: the limit (torch.device needs no GPU)
+    graph = DeviceGraph(random_index(50, 60, dim=8, seed=1))
+    assert graph.questions_per_chunk() == (256 << 20) // graph.bytes_per_question()
+    monkeypatch.setenv(MEMORY_BUDGET_ENV, "8G")  # set: taken as it is, on a CPU too
+    monkeypatch.setattr(memory, "default_memory_budget", lambda device: parse_bytes("8G"))
+    assert default_chunk_budget("cpu", 1 << 20) == 8 << 30
 
 
 def test_bytes_per_question_counts_what_each_mode_keeps():

@@ -365,5 +365,11 @@ def test_overload_and_soak_benchmark_modes_end_to_end(small_index_dir, small_que
     assert res["reloads_ok"] >= 2 and all(r["status"] == 200 for r in res["reloads"])
     assert len(res["samples"]) >= 5 and all(s["open_fds"] > 0 for s in res["samples"])
     assert res["rss_slope_bytes_per_min"] is not None and res["open_fds_slope_per_min"] is not None
+    assert res["rss_slope_second_half_bytes_per_min"] is not None
+    # the split of the server's fds: the clients' connections are sockets, and closing them leaves the server's own
+    assert all(s["open_sockets"] + s["open_other_fds"] == s["open_fds"] for s in res["samples"])
+    assert res["open_sockets_max"] >= 2 and res["open_other_fds_slope_per_min"] is not None
+    after = res["fds_after_clients_closed"]
+    assert after["open_sockets"] < res["open_sockets_max"] and after["open_other_fds"] > 0
     assert set(res["latency_by_size"]) == {"1", "4", "16"} and res["p99_windows"]
     assert out.with_suffix(".png").stat().st_size > 0 and res["exit_code"] == 0
