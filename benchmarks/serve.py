@@ -109,10 +109,6 @@ class Server:
         return {"rss_bytes": status_bytes("VmRSS", self.proc.pid), "peak_rss_bytes": status_bytes("VmHWM", self.proc.pid),
                 "children_rss_bytes": children}
 
-    def open_fds(self) -> int | None:
-        """Open file descriptors of the server process (Linux only, else None)."""
-        return self.fd_kinds()["open_fds"]
-
     def fd_kinds(self) -> dict:
         """The server's open file descriptors, all and split: sockets (the clients' connections, which a client's
         keep-alive pool holds open between requests, and the listening socket) and the rest (files, pipes, event
@@ -655,7 +651,7 @@ def soak_report(records, samples, reloads, skipped, args) -> dict:
         by_size[str(n)] = {"ok": len(lat), **percentiles(lat)}
     rss = [(s["t"], s["rss_bytes"]) for s in samples]
     fds = [(s["t"], s["open_fds"]) for s in samples]
-    other = [(s["t"], s.get("open_other_fds")) for s in samples]
+    other = [(s["t"], s["open_other_fds"]) for s in samples]
     return {
         "requests": len(records), "statuses": dict(statuses),
         "failed": sum(v for k, v in statuses.items() if k != "200"), "skipped_at_client_cap": skipped,
@@ -669,7 +665,7 @@ def soak_report(records, samples, reloads, skipped, args) -> dict:
         "open_fds_first_last": [fds[0][1], fds[-1][1]] if fds else None,
         "open_other_fds_slope_per_min": slope_per_minute(other),
         "open_other_fds_first_last": [other[0][1], other[-1][1]] if other else None,
-        "open_sockets_max": max((s.get("open_sockets") or 0 for s in samples), default=None),
+        "open_sockets_max": max((s["open_sockets"] or 0 for s in samples), default=None),
         "reloads": reloads, "reloads_ok": sum(r["status"] == 200 for r in reloads), "samples": samples,
     }
 
@@ -685,13 +681,11 @@ def plot_soak(result: dict, path: Path) -> None:
     ts = [s["t"] / 60 for s in samples]
     ax1.plot(ts, [(s["rss_bytes"] or 0) / 2**20 for s in samples], label="server RSS")
     ax1.set_ylabel("MiB")
-    ax2.plot(ts, [s["open_fds"] or 0 for s in samples], color="tab:purple", label="all")
-    if any("open_sockets" in s for s in samples):
-        ax2.plot(ts, [s.get("open_sockets") or 0 for s in samples], color="tab:blue", alpha=0.6, label="sockets")
-        ax2.plot(ts, [s.get("open_other_fds") or 0 for s in samples], color="tab:green", label="files, pipes, ...")
-        ax2.plot(ts, [s["in_flight"] for s in samples], color="tab:gray", alpha=0.4, linewidth=0.7,
-                 label="requests in flight")
-        ax2.legend(fontsize=7)
+    for key, color, label in (("open_fds", "tab:purple", "all"), ("open_sockets", "tab:blue", "sockets"),
+                              ("open_other_fds", "tab:green", "files, pipes, ..."),
+                              ("in_flight", "tab:gray", "requests in flight")):
+        ax2.plot(ts, [s[key] or 0 for s in samples], color=color, label=label)
+    ax2.legend(fontsize=7)
     ax2.set_ylabel("open file descriptors of the server")
     w = result.get("p99_windows", [])
     ax3.plot([x["t"] / 60 for x in w], [x["p99_ms"] for x in w], "o-", label="p99")

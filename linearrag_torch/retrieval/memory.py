@@ -54,12 +54,12 @@ def default_memory_budget(device) -> int:
 
 
 # A CPU chunk's working set when no budget is given. Measured at batch 1,024 on synthetic indexes (2-vCPU EPYC,
-# keep_freed_memory on; docs/benchmarks/scaling.md): at 30k passages (2.3 MB per question) chunks of 64-128
-# questions answered 22% more per second than one chunk of 1,024; at 100k (7.7 MB) chunks of 40, 50% more than
-# the 4 GiB budget's 555; at 10k no difference. (A chunk's dense [rows, questions] arrays are streamed once per
+# keep_freed_memory on, interleaved; docs/benchmarks/scaling.md): at 30k passages (2.3 MB per question) chunks of
+# 115 questions answered 33% more per second than the 4 GiB limit's 1,846; at 100k (7.7 MB) chunks of 64, 42% more
+# than its 555; at 10k no difference. (A chunk's dense [rows, questions] arrays are streamed once per
 # PageRank step; why a few hundred MiB of them go faster than gigabytes was not profiled further.)
 CPU_CHUNK_BYTES = 256 << 20
-# at least a server's batch (serve's --max-batch-size, 64) in one chunk: split, the batch of 64 at 100k passages
+# at least a server's batch (ServeSettings.max_batch_size, 64) in one chunk: split, the batch of 64 at 100k passages
 # (two chunks of 34) answered 9.0 q/s against 10.6 whole, each chunk paying the call's fixed work again
 CPU_CHUNK_MIN_QUESTIONS = 64
 
