@@ -271,7 +271,7 @@ class HTTPFront:
                 "in_flight": self.in_flight,
                 "admission": {"max_in_flight": a.max_concurrent, "questions_inside": a.questions,
                               "seconds_per_question": None if spq is None else round(spq, 6),
-                              "expected_wait_s": round(a.expected_wait(1), 4)}}
+                              "expected_wait_s": round(a.expected_wait(1), 4), "refused_recently": a.crowd()}}
 
     # ------------------------------------------------------------------ routes
     def authorized(self, scope) -> bool:

@@ -99,6 +99,33 @@ def test_admission_by_count_and_by_time():
     assert Admission(4, engines=2).engines == 2
 
 
+def test_a_refusal_by_count_asks_the_crowd_to_wait_for_the_engine(monkeypatch):
+    """Refused clients wait to come back: the Retry-After of a refusal by count is at least the engine's time for
+    the refusals of the last CROWD_WINDOW_S seconds (this one included), at most MAX_RETRY_AFTER_S; older
+    refusals are forgotten."""
+    from linearrag_torch.serve import admission
+
+    clock = [1000.0]
+    monkeypatch.setattr(admission.time, "monotonic", lambda: clock[0])
+    a = Admission(max_concurrent=1)
+    for _ in range(8):
+        a.on_batch(SimpleNamespace(size=10, engine_s=0.5, error=None))  # 0.05 s per question
+    a.in_flight = 1
+    afters = [a.refusal(deadline=30.0)[1] for _ in range(60)]
+    assert afters[0] == 1 and afters[19] == 1 and afters[20] == 2  # 21 refusals x 0.05 s = 1.05 s
+    assert afters[-1] == 3 and a.crowd() == 60  # 60 x 0.05 s
+    clock[0] += admission.CROWD_WINDOW_S - 1  # still inside the window, with a new refusal
+    assert a.refusal(deadline=30.0)[1] == 4 and a.crowd() == 61  # 61 x 0.05 = 3.05 s
+    clock[0] += 1.0  # the first 60 left the window
+    assert a.refusal(deadline=30.0)[1] == 1 and a.crowd() == 2
+    a.in_flight = 0
+    assert a.refusal(deadline=30.0) is None and a.crowd() == 2  # admitted: not counted
+    a.in_flight = 1
+    for _ in range(10_000):
+        after = a.refusal(deadline=30.0)[1]
+    assert after == admission.MAX_RETRY_AFTER_S  # 10,002 x 0.05 s = 500 s, capped
+
+
 # ------------------------------------------------------------------------------------------ early refusal
 def test_a_full_server_refuses_before_the_body_arrives(small_rag):
     """The 429 is sent while the body is still on its way (the headers declare 100 bytes, none is sent): the
