@@ -68,8 +68,9 @@ class Admission:
         if not admitted and self.in_flight >= self.max_concurrent:
             # a place frees when a request in flight is answered: at the latest when all inside are; the crowd
             # refused before this one is let in at the engine's pace
-            crowd = self._count_refusal()
-            wait = max(self.expected_wait(0), min(MAX_RETRY_AFTER_S, crowd * (self.seconds_per_question() or 0.0)))
+            self._count_refusal()
+            spq = self.seconds_per_question() or 0.0  # (once: a refusal's cost is what overload spends)
+            wait = max(self.questions * spq, min(MAX_RETRY_AFTER_S, self.crowd() * spq))
             return (f"more than {self.max_concurrent} requests in flight", retry_after(wait))
         wait = self.expected_wait(questions)
         if wait > deadline:
@@ -77,10 +78,9 @@ class Admission:
                     retry_after(wait - deadline))
         return None
 
-
-    def _count_refusal(self) -> int:
-        """Counts a refusal by count; returns the refusals of the last CROWD_WINDOW_S seconds, this one included
-        (per-second buckets: a refusal costs an append or an increment)."""
+    def _count_refusal(self) -> None:
+        """Counts a refusal by count in its second's bucket, dropping the buckets past CROWD_WINDOW_S (a refusal
+        costs an append or an increment)."""
         now = int(time.monotonic())
         refused = self._refused
         while refused and refused[0][0] <= now - CROWD_WINDOW_S:
@@ -89,7 +89,6 @@ class Admission:
             refused[-1][1] += 1
         else:
             refused.append([now, 1])
-        return sum(n for _, n in refused)
 
     def crowd(self) -> int:
         """Refusals by count in the last CROWD_WINDOW_S seconds (the clients waiting to come back)."""
