@@ -9,7 +9,7 @@ Sections (each one recorded in the JSON, an error in one does not stop the other
 2. agreement  the engine on the device against the CPU scipy reference (and the CPU torch engine) on
               a mid-size random graph with fresh random inputs (seed in the JSON): top-k agreement and
               relative error of the scores, both activation modes, Triton kernels and torch fallbacks;
-3. kernels    benchmarks/kernels.py's cases on the device: each fused op against the unfused torch;
+3. kernels    benchmarks/fused_ops.py's cases on the device: each fused op against the unfused torch;
 4. timing     the query path at several sizes x batch sizes, CUDA events after a warm-up, with the
               PageRank steps' modeled memory traffic / their time as achieved bandwidth;
 5. questions  the whole question path (spaCy NER on the CPU, the encoder and the graph on the device) on a
@@ -34,13 +34,17 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+# run as a script from anywhere: the repository root first, and not this folder (which Python puts first for a
+# script): a module here must never stand in for an installed package of the same name
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.common import StepMeter, kernel_backends, log, make_graph, sync, tile_queries, timed  # noqa: E402
-from benchmarks.kernels import run_cases  # noqa: E402
+from benchmarks.fused_ops import run_cases  # noqa: E402
 from linearrag_torch.retrieval import scipy_backend  # noqa: E402
 from linearrag_torch.config import RetrievalConfig  # noqa: E402
 from linearrag_torch.retrieval.engine import DeviceGraph, retrieve  # noqa: E402

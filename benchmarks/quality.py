@@ -162,10 +162,10 @@ def _metric_order(k: str):
 
 
 # ---------------------------------------------------------------------------------------- index cache
-def data_set_arguments(ap) -> None:
+def data_set_arguments(ap, required: bool = True) -> None:
     """--data (folders with corpus.jsonl and questions.jsonl), --json and --cache, for the benchmarks that rank
-    the dev sets' questions (rerank_headroom, rerank)."""
-    ap.add_argument("--data", required=True, nargs="+", type=Path,
+    the dev sets' questions (rerank_headroom, rerank, rerank_loop)."""
+    ap.add_argument("--data", required=required, nargs="+", type=Path,
                     help="folder(s) with corpus.jsonl and questions.jsonl (supporting_ids)")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"index cache folder (default {DEFAULT_CACHE})")

@@ -36,8 +36,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    here = os.path.dirname(os.path.abspath(__file__))  # benchmarks/kernels.py would shadow the `kernels`
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]  # package transformers probes
+    here = os.path.dirname(os.path.abspath(__file__))  # a module of this folder must not shadow a
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]  # package of the same name
     sys.path.insert(0, os.path.abspath(args.src))
     import linearrag_torch
     from linearrag_torch import LinearRAG

@@ -29,6 +29,17 @@ def _rerank_rows(rr, b: int, index, n: int) -> list[dict]:
             for i, s, lg, g, r in list(zip(*cols))[:n] if i >= 0]
 
 
+def _round_rows(rounds: list, b: int, hits: list) -> list[dict]:
+    """explain's per-hit origin for question ``b``: the first graph round that listed the hit (1 = the question's
+    own round), and its rank (1-based) and score there (after that round's loop rerank, if any)."""
+    first: dict = {}
+    for r, out in enumerate(rounds, 1):
+        for rank, (i, s) in enumerate(zip(out.indices[b].tolist(), out.scores[b].tolist()), 1):
+            if i >= 0 and i not in first:
+                first[i] = {"round": r, "round_rank": rank, "round_score": s}
+    return [{"id": h.id, **first.get(h.row, {"round": None, "round_rank": None, "round_score": None})} for h in hits]
+
+
 class LinearRAG:
     """A Tri-Graph index on a device, with the spaCy and encoder models that made it."""
 
@@ -227,27 +238,21 @@ class LinearRAG:
 
     def retrieve(self, queries: EncodedQueries, config: RetrievalConfig | None = None, backend: str = "torch", *,
                  timings: dict | None = None) -> Retrieved:
-        """Rank passages for encoded questions with the torch engine or the scipy reference
-        (``timings``: seconds added to timings["graph"], and with cfg.rerank to timings["rerank"]).
-        With cfg.rerank the graph's first cfg.rerank_candidates are reordered by the learned reranker on
-        this index's device, whichever backend ranked them (retrieval/rerank_stage.py)."""
-        from .retrieval import rerank_stage
-        from .retrieval.pipeline import stage
-
+        """Rank passages for encoded questions with the torch engine or the scipy reference: the stage list of
+        the config (retrieval/stages.py). ``timings``: seconds added to timings["graph"], and with cfg.rerank to
+        timings["rerank"]. With cfg.rerank the learned reranker runs on this index's device, whichever backend
+        ranked the candidates."""
         cfg = config or self.config
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        graph_cfg = rerank_stage.graph_config(cfg) if cfg.rerank else cfg
-        with stage(timings, "graph"):
-            if backend == "torch":
-                out = engine.retrieve(self.graph, queries, graph_cfg)
-            else:
-                out = scipy_backend.retrieve(self.index, queries.to("cpu"), graph_cfg)
-        if not cfg.rerank:
-            return out
-        reranker = self.reranker(cfg)
-        with stage(timings, "rerank"):
-            return rerank_stage.apply(reranker, self.graph.rerank_passages(reranker), queries, out, cfg)[0]
+        if backend == "torch":
+            return engine.retrieve(self.graph, queries, cfg, timings=timings)
+
+        def reranker(c):
+            r = self.reranker(c)
+            return r, self.graph.rerank_passages(r)
+
+        return scipy_backend.retrieve(self.index, queries.to("cpu"), cfg, reranker=reranker, timings=timings)
 
     def search(self, questions, top_k: int | None = None, backend: str = "torch", *, timings: dict | None = None,
                **overrides) -> list[list[Hit]]:
@@ -285,8 +290,9 @@ class LinearRAG:
     def explain(self, questions: list[str], top_k: int | None = None, **overrides) -> list[dict]:
         """Hits plus how they were reached: question entities, seeds, the first round's activated entities
         (tier >= 2: reached by semantic bridging) found in each hit passage, the later rounds' chain seeds
-        (chain.py) with their seed scores, and the ranks before the pair rerank of the first two hits
-        (pairs.py; None without it)."""
+        (chain.py) with their seed scores, the ranks before the pair rerank of the first two hits
+        (pairs.py; None without it), with rerank each reranked hit's fused score, reranker logit and graph score
+        and rank, and per hit the round that found it with its rank and score there ("found")."""
         if isinstance(questions, str):
             questions = [questions]
         cfg = self.config.replace(top_k=top_k, **overrides)
@@ -314,6 +320,8 @@ class LinearRAG:
                 "pair_ranks": tr.pair_ranks[b] if getattr(tr, "pair_ranks", None) is not None else None,
                 # with rerank: per reranked hit its fused score, the reranker's logit, the graph's score and rank
                 "rerank": _rerank_rows(tr.rerank, b, self.index, len(hits[b])) if tr.rerank is not None else None,
+                # per hit: the graph round that found it, and its rank and score in that round's own list
+                "found": _round_rows(tr.rounds, b, hits[b]) if tr.rounds else None,
                 "hits": [
                     (h, [(names[e], int(tier[e, b]), float(act[e, b])) for e in active if e in passage_ents[h.row]])
                     for h in hits[b]

@@ -76,6 +76,9 @@ class RetrievalConfig:
                              "its score fused with the graph's")
     rerank_candidates: int = _f(5, "graph candidates the reranker rescores per question (hits after them keep the "
                                           "graph's order)")
+    rerank_loop_candidates: int = _f(0, "with rerank and a chain: the reranker also reorders this many of each round's "
+                                        "top passages but the last's, and the chain takes its sources and kept "
+                                        "passages from that order (0: only the final list is reranked)")
     reranker: str = _f("", "reranker folder from `linearrag train-reranker` (empty: the model shipped with the "
                            "package)")
 
@@ -115,6 +118,8 @@ class RetrievalConfig:
                              "lexicon_seeds")
         if self.rerank_candidates < 1:
             raise ValueError(f"rerank_candidates must be >= 1, got {self.rerank_candidates}")
+        if self.rerank_loop_candidates < 0:
+            raise ValueError(f"rerank_loop_candidates must be >= 0, got {self.rerank_loop_candidates}")
         if not -1.0 <= self.chain_prior_floor <= 1.0:
             raise ValueError(f"chain_prior_floor must be in [-1, 1] (a cosine), got {self.chain_prior_floor}")
 

@@ -10,7 +10,14 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 import json  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+# a few test modules share helpers with a module of another folder (``from test_serve import serving``): every
+# folder of tests/ on the path, so that any subset of the suite collects as the whole does
+for _folder in sorted(p for p in Path(__file__).parent.iterdir() if p.is_dir() and p.name.islower() and not p.name.startswith((".", "_"))):
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 import pytest  # noqa: E402
 

@@ -10,7 +10,7 @@ import torch
 from .. import kernels
 from ..config import RetrievalConfig
 from ..queries import EncodedQueries, Retrieved
-from ..retrieval import chain, engine, pairs  # engine: the single-process engine, whose math this one splits up
+from ..retrieval import chain, engine, pairs, stages  # engine: the single-process engine, whose math this one splits up
 from ..retrieval.activation import ActivePairs, nearest_entities
 from ..retrieval.engine import cosines
 from ..retrieval.pagerank import FLOOR_RULE_BELOW
@@ -42,13 +42,34 @@ class ShardedEngine:
             raise ValueError("rerank is not supported by the sharded engine yet; query the index in one process "
                              "(LinearRAG, `linearrag query`, `linearrag serve`)")
         queries = self._stored_vectors(queries.to(self.shard.device))
-        if pairs.enabled(cfg):
-            return self._pairs(queries, self._ranked(queries, pairs.deeper(cfg)), cfg).head(cfg.top_k)
-        return self._ranked(queries, cfg)
+        return stages.run(self, queries, cfg)
 
-    def _ranked(self, queries: EncodedQueries, cfg: RetrievalConfig) -> Retrieved:
-        """The ranking before the pair rerank: the chain's rounds, or one round."""
-        return self._chain(queries, cfg) if chain.enabled(cfg) else self._one_round(queries, cfg)
+    # ------------------------------------------------------------------- the stage list's operations (stages.Backend)
+    def round(self, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool):
+        if trace:
+            raise ValueError("the sharded engine keeps no trace")
+        return self._one_round(queries, cfg), None
+
+    def chain_seeds(self, queries, ranking: Retrieved, source: torch.Tensor, cfg) -> chain.ChainSeeds:
+        return self._chain_seeds(queries, ranking, source, cfg)
+
+    def later_queries(self, queries, seeds: chain.ChainSeeds, cfg) -> EncodedQueries:
+        return dataclasses.replace(self._second_round_queries(queries, seeds), prior=self._prior(queries, seeds, cfg))
+
+    def pair_rerank(self, queries, ranking: Retrieved, cfg) -> Retrieved:
+        return self._pairs(queries, ranking, cfg)
+
+    def learned_rerank(self, queries, ranking, cfg, candidates):
+        raise ValueError("rerank is not supported by the sharded engine yet; query the index in one process "
+                         "(LinearRAG, `linearrag query`, `linearrag serve`)")
+
+    @property
+    def num_entities(self) -> int:
+        return self.shard.num_entities
+
+    @property
+    def entity_names(self) -> list:
+        raise ValueError("the sharded engine keeps no trace")
 
     def _pairs(self, queries: EncodedQueries, out: Retrieved, cfg: RetrievalConfig) -> Retrieved:
         """pairs.rerank: the candidates' vectors from their ranks (all-reduce of [B, N, D], zeros elsewhere) and
@@ -405,27 +426,6 @@ class ShardedEngine:
         return Retrieved(i.gather(1, o).to(torch.int64), v.gather(1, o).to(scores.dtype))
 
     # -------------------------------------------------------------------------------------- chain rounds
-    def _chain(self, queries: EncodedQueries, cfg: RetrievalConfig) -> Retrieved:
-        """chain.chain_retrieve with this engine's rounds; the chain seeds come from the ranks that hold
-        the source passages (chain.chain_seeds on the shard), merged by max per entity."""
-        one = cfg.replace(chain_passages=0)
-        later = one.replace(passage_node_weight=cfg.chain_passage_weight)
-        depth = max(cfg.top_k, cfg.chain_passages * (cfg.chain_rounds + 1), cfg.chain_keep * (cfg.chain_rounds + 1))
-        cur = self._one_round(queries, one.replace(top_k=depth))
-        out = cur
-        dev = self.shard.device
-        with_entities = queries.has_entities().to(dev)
-        used = torch.zeros((queries.batch_size, 0), dtype=torch.int64, device=dev)
-        seeds = None  # the chain seeds of the rounds so far (as in chain.chain_retrieve)
-        for r in range(1, cfg.chain_rounds + 1):
-            source, used = chain.chain_sources(Retrieved(cur.indices.to(dev), cur.scores), with_entities, used, cfg)
-            new = self._chain_seeds(queries, cur, source, cfg)
-            seeds = new if seeds is None else seeds.union(new, self.shard.num_entities)
-            q2 = dataclasses.replace(self._second_round_queries(queries, seeds), prior=self._prior(queries, seeds, cfg))
-            cur = self._one_round(q2, later.replace(top_k=depth))
-            out = chain.merge(out, cur, r * cfg.chain_keep, depth)
-        return out.head(cfg.top_k)
-
     @property
     def _chain_tables(self) -> chain.ChainTables:
         """chain.ChainTables of this rank's passages and sentences (local rows and entities), made on first use."""

@@ -19,7 +19,7 @@ own classes; a cache that belongs with the caller's tensors comes in as a ``work
 
 Adding a CUDA kernel: write ``kernels/triton/<op>.py`` (kernels + a launcher over tensors), call it from
 the op's entry point under ``if use_triton(t):``, and add the equivalence case to tests/kernels/test_kernels.py's
-interpreter script and, for timing, benchmarks/kernels.py's ``run_cases``.
+interpreter script and, for timing, benchmarks/fused_ops.py's ``run_cases``.
 """
 from . import backends
 from .ppr import dangling_mass, ppr_step

@@ -17,7 +17,7 @@ unchanged, and agree as they do on one round.
 The final list keeps the first round's top ``chain_keep`` passages in their order, then the second
 round's ranking without them (the scores are each round's own PageRank values). ``chain_rounds`` > 1
 repeats the step: each further round adds the chain seeds of the previous round's top passages not yet
-used as sources (see chain_retrieve).
+used as sources (stages.chain_round runs the rounds; stages.py has the order).
 
 Everything here is batched tensor work on the device of the round's results, with no loop over the
 questions and no value read back to the host (segment operations over CSR rows, as in kernels/). On CUDA
@@ -35,7 +35,6 @@ import torch
 from ..config import RetrievalConfig
 from ..kernels import gather_sigma, segment_positions, top_k_per_segment
 from ..queries import EncodedQueries, PassagePrior, Retrieved
-from .counting import uncounted
 
 
 def enabled(cfg: RetrievalConfig) -> bool:
@@ -328,37 +327,8 @@ def merge(first: Retrieved, second: Retrieved, keep: int, k: int) -> Retrieved:
     return Retrieved(idx[:, :k], scores[:, :k].to(first.scores.device))
 
 
-def chain_retrieve(run, tables: ChainTables, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool = False):
-    """``1 + chain_rounds`` rounds with ``run(queries, cfg, trace) -> Retrieved`` (either backend's one-round
-    retrieve, called with chain_passages = 0) and ``tables`` on the device of run's results. Round r + 1 is
-    seeded by the question's entities and the chain seeds of rounds 2 .. r + 1 (each from the top passages of
-    the round before, not yet used as sources); it runs with W_p = chain_passage_weight. The final list after
-    round r + 1 is the list after round r cut to r * chain_keep passages, then round r + 1's ranking. With
-    ``trace``, ``run`` returns (Retrieved, trace) and so does this: the first round's trace (the question's own
-    seeds and activation), with ``chain_seeds`` set to each question's [(entity name, w)] of the later rounds."""
-    one = cfg.replace(chain_passages=0)
-    later = one.replace(passage_node_weight=cfg.chain_passage_weight)
-    depth = max(cfg.top_k, cfg.chain_passages * (cfg.chain_rounds + 1), cfg.chain_keep * (cfg.chain_rounds + 1))
-    cur = run(queries, one.replace(top_k=depth), trace)
-    cur, tr1 = cur if trace else (cur, None)
-    out = cur
-    dev = cur.indices.device
-    with_entities = queries.has_entities().to(dev)
-    used = torch.zeros((queries.batch_size, 0), dtype=torch.int64, device=dev)
-    seeds = None  # the chain seeds of the rounds so far (chain_rounds >= 1: set by the first)
-    for r in range(1, cfg.chain_rounds + 1):
-        source, used = chain_sources(cur, with_entities, used, cfg)
-        new = chain_seeds(tables, queries, cur, source, cfg)
-        seeds = new if seeds is None else seeds.union(new, tables.num_entities)
-        q2 = second_round_queries(tables, queries, seeds)
-        q2.prior = passage_prior(tables, queries, seeds, cfg)
-        cur = run(q2, later.replace(top_k=depth), False)
-        out = merge(out, cur, r * cfg.chain_keep, depth)
-    out = out.head(cfg.top_k)
-    if not trace:
-        return out
-    names = tables.index.entities
-    with uncounted():  # the trace's names are read on the host
-        tr1.chain_seeds = [[(names[e], w) for e, w in sorted(sd.items(), key=lambda x: (-x[1], x[0]))]
-                           for sd in seeds.to_dicts(queries.batch_size)]
-    return out, tr1
+def later_queries(tables: ChainTables, queries: EncodedQueries, seeds: ChainSeeds, cfg: RetrievalConfig) -> EncodedQueries:
+    """The questions of a later round: second_round_queries with passage_prior as eq. 7's prior."""
+    q2 = second_round_queries(tables, queries, seeds)
+    q2.prior = passage_prior(tables, queries, seeds, cfg)
+    return q2

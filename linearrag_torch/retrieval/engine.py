@@ -236,6 +236,7 @@ class Trace:
     chain_seeds: list | None = None  # per question [(entity, seed score)] of the later rounds (chain.py)
     pair_ranks: list | None = None  # per question the ranks (1-based) before the pair rerank of its first two hits
     rerank: object = None  # rerank.Reranked of the rerank stage (rerank_stage.py), None without it
+    rounds: list | None = None  # each graph round's own ranking (Retrieved; after its loop rerank), in order
     # what the batch asked of Python (counting.py; the trace's own diagnostics aside): the values it read back to
     # the host (on CUDA each waits for the device) and its torch calls, which grow with the PageRank's steps,
     # not with the batch (no step runs per question)
@@ -295,52 +296,76 @@ def _ordinary(value):
     return value
 
 
+class TorchBackend:
+    """The torch engine's operations for the stage list (stages.Backend) on one DeviceGraph."""
+
+    def __init__(self, graph: DeviceGraph, memory_budget: int | None = None):
+        self.graph = graph
+        self.memory_budget = memory_budget
+
+    def round(self, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool):
+        res = graph_round(self.graph, queries, cfg, trace, self.memory_budget)
+        return res if trace else (res, None)
+
+    def chain_seeds(self, queries, ranking, source, cfg):
+        from .chain import chain_seeds
+
+        return chain_seeds(self.graph.chain_tables, queries, ranking, source, cfg)
+
+    def later_queries(self, queries, seeds, cfg):
+        from .chain import later_queries
+
+        return later_queries(self.graph.chain_tables, queries, seeds, cfg)
+
+    def pair_rerank(self, queries, ranking, cfg):
+        return self.graph.pair_rerank(queries, ranking, cfg)
+
+    def learned_rerank(self, queries, ranking, cfg, candidates):
+        from . import rerank_stage
+
+        reranker = self.graph.reranker(cfg.reranker)
+        return rerank_stage.apply(reranker, self.graph.rerank_passages(reranker), queries, ranking, candidates)
+
+    @property
+    def num_entities(self) -> int:
+        return self.graph.entity_emb.shape[0]
+
+    @property
+    def entity_names(self) -> list:
+        return self.graph.index.entities
+
+
 @in_inference_mode
 def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool = False,
-             memory_budget: int | None = None):
+             memory_budget: int | None = None, timings: dict | None = None):
     """Rank passages for a batch of encoded questions. Returns Retrieved (and a Trace if asked).
 
-    The batch runs in chunks of graph.questions_per_chunk(memory_budget, cfg) questions.
-    With cfg.chain_passages > 0 in reference mode, 1 + cfg.chain_rounds rounds (chain.py); with
-    cfg.pair_candidates >= 2 in reference mode, the first two places hold the best pair (pairs.py); with
-    cfg.rerank, the learned reranker reorders the first cfg.rerank_candidates (rerank_stage.py).
+    The batch runs through the stage list of ``cfg`` (stages.plan: graph rounds, the reranker in the loop, the
+    pair rerank, the learned rerank, top-k); each graph round runs in chunks of graph.questions_per_chunk(
+    memory_budget, cfg) questions. ``timings``: seconds added to timings["graph"] and timings["rerank"].
     Runs under torch.inference_mode and returns ordinary tensors (in_inference_mode). A traced batch counts
     its host reads and torch calls (Trace.host_reads, Trace.torch_calls; the count sees every torch call from
     Python, which with the trace's own work makes a traced call some 40% slower on the CPU).
     """
-    from . import pairs, rerank_stage
-    from .chain import chain_retrieve, enabled as chain_enabled
+    from . import stages
+    from .chain import enabled as chain_enabled
 
     if trace and counting.active() is None:  # the outermost call of a traced batch counts it
         with counting.OpCounter() as counter:
-            out, tr = retrieve(graph, queries, cfg, trace, memory_budget)
+            out, tr = retrieve(graph, queries, cfg, trace, memory_budget, timings)
         tr.host_reads, tr.torch_calls = counter.host_reads, counter.calls
         return out, tr
-    if rerank_stage.enabled(cfg):
-        res = retrieve(graph, queries, rerank_stage.graph_config(cfg), trace, memory_budget)
-        before, tr = res if trace else (res, None)
-        reranker = graph.reranker(cfg.reranker)
-        out, rr = rerank_stage.apply(reranker, graph.rerank_passages(reranker), queries, before, cfg)
-        if not trace:
-            return out
-        tr.rerank = rr
-        return out, tr
-    if pairs.enabled(cfg):
-        res = retrieve(graph, queries, pairs.deeper(cfg), trace, memory_budget)
-        before, tr = res if trace else (res, None)
-        out = graph.pair_rerank(queries, before, cfg).head(cfg.top_k)
-        if not trace:
-            return out
-        with counting.uncounted():
-            tr.pair_ranks = pairs.ranks_before(before, out)
-        return out, tr
-    if chain_enabled(cfg):
-        # the rounds of a batch that runs in one chunk share its passage cosines and eq. 3's scan (kept only
-        # for the chain: a kept [P, B] product would add to a chunked batch's memory budget)
-        one_chunk = queries.batch_size <= graph.questions_per_chunk(memory_budget, cfg)
-        with graph.keeping_last(one_chunk):
-            return chain_retrieve(lambda q, c, t: retrieve(graph, q, c, t, memory_budget), graph.chain_tables, queries,
-                                  cfg, trace)
+    # the rounds of a chain whose batch runs in one chunk share its passage cosines and eq. 3's scan (kept only
+    # for the chain: a kept [P, B] product would add to a chunked batch's memory budget)
+    one_chunk = chain_enabled(cfg) and queries.batch_size <= graph.questions_per_chunk(memory_budget, cfg)
+    with graph.keeping_last(one_chunk):
+        return stages.run(TorchBackend(graph, memory_budget), queries, cfg, trace, timings)
+
+
+def graph_round(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool = False,
+                memory_budget: int | None = None):
+    """One graph round (eqs. 3-7) of cfg.top_k passages per question, in chunks of questions: Retrieved (and its
+    Trace with ``trace``)."""
     queries = queries.to(graph.device)
     B = queries.batch_size
     if cfg.use_ppr:

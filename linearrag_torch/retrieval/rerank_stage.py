@@ -4,7 +4,8 @@ learned cross-encoder (linearrag_torch/rerank) and ordered by its score fused wi
 The graph ranks max(rerank_candidates, top_k) passages per question (every setting of the graph stage
 applies: chain rounds, the pair rerank); its first ``rerank_candidates`` are rescored and reordered by
 the fused score (RerankerSettings), which their hits carry; hits after them (top_k larger than
-rerank_candidates) keep the graph's order and score. So a question's top k is a prefix of its top k + 1,
+rerank_candidates) keep the graph's order and score. With ``rerank_loop_candidates`` > 0 the reranker also
+reorders each chain round's top candidates but the last's (``loop_order``; the stage list: stages.py). So a question's top k is a prefix of its top k + 1,
 as without the rerank. Batched on the engine's device: one call for the whole batch, the pairs
 built by gathers from token ids prepared before (the questions' on the question path, the passages'
 once per index), no host copy. Without ``rerank`` nothing here runs and results are the graph's.
@@ -21,15 +22,10 @@ def enabled(cfg: RetrievalConfig) -> bool:
     return bool(cfg.rerank)
 
 
-def graph_config(cfg: RetrievalConfig) -> RetrievalConfig:
-    """The settings of the graph stage under a rerank: no rerank, and deep enough for the candidates."""
-    return cfg.replace(rerank=False, top_k=max(cfg.top_k, cfg.rerank_candidates))
-
-
-def apply(reranker, passage_tokens, queries: EncodedQueries, graph_out: Retrieved, cfg: RetrievalConfig):
+def apply(reranker, passage_tokens, queries: EncodedQueries, graph_out: Retrieved, candidates: int):
     """(Retrieved in the fused order with the fused scores, the Reranked detail) for the graph's ranking
     ``graph_out`` of ``queries`` (which must carry their reranker tokens: LinearRAG.encode_queries does so
-    when its config has rerank)."""
+    when its config has rerank): its first ``candidates`` reordered, the rest as they are."""
     tokens = queries.rerank_tokens
     if tokens is None:
         raise ValueError("rerank=True needs the questions' reranker tokens: encode the questions with "
@@ -37,8 +33,22 @@ def apply(reranker, passage_tokens, queries: EncodedQueries, graph_out: Retrieve
     if tokens.ids.shape[0] != graph_out.indices.shape[0]:
         raise ValueError(f"reranker tokens for {tokens.ids.shape[0]} questions, a ranking of "
                          f"{graph_out.indices.shape[0]}")
-    K = min(cfg.rerank_candidates, graph_out.indices.shape[1])
+    K = min(candidates, graph_out.indices.shape[1])
     rr = reranker.rerank(tokens, passage_tokens, graph_out.indices[:, :K], graph_out.scores[:, :K])
     tail = graph_out.indices[:, K:].to(rr.indices.device), graph_out.scores[:, K:].to(rr.scores.device, torch.float32)
-    out = Retrieved(torch.cat([rr.indices, tail[0]], 1), torch.cat([rr.scores, tail[1]], 1))
-    return out.head(cfg.top_k), rr
+    return Retrieved(torch.cat([rr.indices, tail[0]], 1), torch.cat([rr.scores, tail[1]], 1)), rr
+
+
+def loop_order(round_out: Retrieved, rr) -> Retrieved:
+    """A round's ranking after the reranker in the loop (``rr``: rerank.Reranked of its first K candidates): those
+    K in the fused order, each scored ``s0 * exp(fused - fused of the first)`` (s0: the round's top graph score),
+    so that the chain reads the reranker's confidence as a share of the top (chain.chain_seeds), then the rest in
+    the graph's order and scores."""
+    K = rr.indices.shape[1]
+    top_fused = rr.scores[:, :1]
+    ok = (rr.indices >= 0) & torch.isfinite(top_fused)
+    s0 = round_out.scores[:, :1].to(rr.scores.device, torch.float32)
+    share = torch.exp(torch.where(ok, rr.scores - torch.where(ok[:, :1], top_fused, 0.0), float("-inf")))
+    idx = torch.cat([rr.indices, round_out.indices[:, K:].to(rr.indices.device)], 1)
+    scores = torch.cat([s0 * share, round_out.scores[:, K:].to(rr.scores.device, torch.float32)], 1)
+    return Retrieved(idx, scores.to(round_out.scores.dtype))

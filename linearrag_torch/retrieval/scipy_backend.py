@@ -195,31 +195,83 @@ def prepare(index: TriGraphIndex, config: RetrievalConfig) -> dict:
     }
 
 
-def retrieve(index: TriGraphIndex, queries: EncodedQueries, config: RetrievalConfig,
-             prepared: dict | None = None) -> Retrieved:
-    """Returns Retrieved(indices, scores) as torch tensors (int64 [B,k], float32 [B,k]) computed with
-    numpy/scipy, k = min(config.top_k, P). ``prepared``: prepare(index, config), if already made.
-    With config.chain_passages > 0 in reference mode, 1 + config.chain_rounds rounds (chain.py); with
-    config.pair_candidates >= 2 in reference mode, the first two places hold the best pair (pair_rerank)."""
-    from . import pairs
-    from .chain import ChainTables, chain_retrieve, enabled as chain_enabled
+class ScipyBackend:
+    """The reference's operations for the stage list (stages.Backend): rounds with numpy/scipy one question at a
+    time, the chain on CPU tensors, the learned rerank by ``reranker`` (a function of the config giving (Reranker,
+    its PassageTokens of this index); default: the reranker loaded on the CPU)."""
 
-    if pairs.enabled(config):
-        if prepared is None or prepared["adjacent_passages"] != config.adjacent_passages:
-            prepared = prepare(index, config)
-        out = retrieve(index, queries, pairs.deeper(config), prepared)
-        return pair_rerank(index, queries, out, config, prepared["passage_emb"]).head(config.top_k)
-    if chain_enabled(config):
-        if prepared is None or prepared["adjacent_passages"] != config.adjacent_passages:
-            prepared = prepare(index, config)
-        if "chain_tables" not in prepared:
-            prepared["chain_tables"] = ChainTables.build(index, "cpu")
-        return chain_retrieve(lambda q, c, t: retrieve(index, q, c, prepared), prepared["chain_tables"], queries, config)
+    def __init__(self, index: TriGraphIndex, prepared: dict, reranker=None):
+        self.index, self.prepared, self._reranker = index, prepared, reranker
+
+    @property
+    def tables(self):
+        from .chain import ChainTables
+
+        if "chain_tables" not in self.prepared:
+            self.prepared["chain_tables"] = ChainTables.build(self.index, "cpu")
+        return self.prepared["chain_tables"]
+
+    def round(self, queries, cfg, trace):
+        if trace:
+            raise ValueError("the scipy backend keeps no trace; use the torch engine for explain")
+        return one_round(self.index, queries, cfg, self.prepared), None
+
+    def chain_seeds(self, queries, ranking, source, cfg):
+        from .chain import chain_seeds
+
+        return chain_seeds(self.tables, queries, ranking, source, cfg)
+
+    def later_queries(self, queries, seeds, cfg):
+        from .chain import later_queries
+
+        return later_queries(self.tables, queries, seeds, cfg)
+
+    def pair_rerank(self, queries, ranking, cfg):
+        return pair_rerank(self.index, queries, ranking, cfg, self.prepared["passage_emb"])
+
+    def learned_rerank(self, queries, ranking, cfg, candidates):
+        from . import rerank_stage
+
+        if self._reranker is not None:
+            reranker, passages = self._reranker(cfg)
+        else:
+            from ..rerank import Reranker
+
+            key = ("reranker", cfg.reranker)
+            if key not in self.prepared:
+                self.prepared[key] = Reranker.load(cfg.reranker or None, "cpu")
+            reranker = self.prepared[key]
+            passages = reranker.passage_tokens(self.index)
+        out, rr = rerank_stage.apply(reranker, passages, queries, ranking, candidates)
+        return Retrieved(out.indices.cpu(), out.scores.cpu()), rr
+
+    @property
+    def num_entities(self) -> int:
+        return self.index.num_entities
+
+    @property
+    def entity_names(self) -> list:
+        return self.index.entities
+
+
+def retrieve(index: TriGraphIndex, queries: EncodedQueries, config: RetrievalConfig,
+             prepared: dict | None = None, reranker=None, timings: dict | None = None) -> Retrieved:
+    """Returns Retrieved(indices, scores) as torch tensors (int64 [B,k], float32 [B,k]) computed with
+    numpy/scipy, k = min(config.top_k, P): the stage list of ``config`` (stages.plan: graph rounds, the chain,
+    the pair rerank, the learned rerank) with this backend's rounds. ``prepared``: prepare(index, config), if
+    already made; ``reranker``: see ScipyBackend."""
+    from . import stages
+
+    if prepared is None or prepared["adjacent_passages"] != config.adjacent_passages:
+        prepared = prepare(index, config)
+    return stages.run(ScipyBackend(index, prepared, reranker), queries.to("cpu"), config, timings=timings)
+
+
+def one_round(index: TriGraphIndex, queries: EncodedQueries, config: RetrievalConfig, prepared: dict) -> Retrieved:
+    """One graph round (eqs. 3-7) of config.top_k passages per question, one question at a time."""
     P = index.num_passages
     B = queries.batch_size
     k = min(config.top_k, P)
-    if prepared is None or prepared["adjacent_passages"] != config.adjacent_passages:
-        prepared = prepare(index, config)
     passage_emb, sentence_emb = prepared["passage_emb"], prepared["sentence_emb"]
     M, MT, C, N, walk = prepared["M"], prepared["MT"], prepared["C"], prepared["N"], prepared["walk"]
     seed_dicts = seeds(index, _f64(queries.entity_emb), queries.entity_owner.cpu().numpy(), B,

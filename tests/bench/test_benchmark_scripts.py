@@ -51,7 +51,7 @@ def test_scaling_benchmark_writes_slopes_rows_and_plot(tmp_path):
 
 def test_kernels_benchmark_checks_agreement_and_writes_plot(tmp_path):
     out = tmp_path / "kernels.json"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.kernels", "--passages", "1500", "--batch", "4",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.fused_ops", "--passages", "1500", "--batch", "4",
                            "--repeat", "1", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads(out.read_text())

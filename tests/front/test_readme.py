@@ -84,6 +84,27 @@ def test_the_readme_has_what_this_test_runs():
     assert {"index", "query", "--version"} <= run, run
 
 
+def two_commands(text: str) -> list[str]:
+    """The shell commands (indented lines) of the README's "Two commands" section, in order."""
+    section = re.search(r"^## Two commands\n(.*?)^## ", text, re.S | re.M).group(1)
+    return re.findall(r"^    (\S.*)$", section, re.M)
+
+
+def test_two_commands_install_what_the_tests_need_and_ci_runs_the_same():
+    install, test = two_commands(README)[:2]
+    # the first installs torch's wheel first, then the package with its test tools, and runs the main job
+    assert install.startswith("pip install torch==") and re.search(r'pip install -e "\.\[test[,\]]', install), install
+    assert install.endswith("linearrag demo"), install
+    extras = re.search(r'"test": \[(.*?)\]', (ROOT / "setup.py").read_text()).group(1)
+    assert "pytest" in extras and "hypothesis" in extras
+    # the second runs the whole default suite, and CI runs exactly that line, after installing every extra
+    assert test == "python -m pytest -q tests", test
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert test in ci, ".ci/run must run the README's test command as written"
+    assert any('pip install' in line and '".[test,all]"' in line for line in ci)
+    assert any(line.strip() == "python -m pytest -q tests -m slow" for line in ci), "CI runs the longer run too"
+
+
 def test_readme_commands_run_as_written(readme_world, capsys):
     from linearrag_torch.cli import main
 

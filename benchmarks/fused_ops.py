@@ -1,6 +1,6 @@
 """What each fused operation of linearrag_torch/kernels gains over the unfused torch it replaces.
 
-    python -m benchmarks.kernels [--passages 100000] [--batch 64] [--device cpu] [--json OUT]
+    python -m benchmarks.fused_ops [--passages 100000] [--batch 64] [--device cpu] [--json OUT]
 
 Every case first checks that the fused and unfused results agree (max_abs_diff in the JSON), then
 times both (median of --repeat runs after a warm-up; CUDA events on a GPU). On CUDA the fused ops run
@@ -289,7 +289,7 @@ def report(rows: list, args, device: torch.device, argv=None) -> None:
     if args.json:
         out = {"benchmark": "kernels", "date": DATE, "torch": torch.__version__, "device": str(device),
                "threads": args.threads, "cpu_count": os.cpu_count(), **kernel_backends(),
-               "command": " ".join(["python", "-m", "benchmarks.kernels"] + (argv or sys.argv[1:])), "rows": rows}
+               "command": " ".join(["python", "-m", "benchmarks.fused_ops"] + (argv or sys.argv[1:])), "rows": rows}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1))
     if args.png or args.json:

@@ -1,0 +1,164 @@
+"""The reranker inside the chain rounds against the reranker on the final list only, by number of gold passages.
+
+    python -m benchmarks.rerank_loop --data DIR [DIR ...] [--loop 0 5 10] [--json OUT] [--png OUT]
+    python -m benchmarks.rerank_loop --train questions.jsonl [--loop 0 3 5 10] ...   # the fitting set
+
+Each data folder (corpus.jsonl + questions.jsonl with supporting_ids; the index is built or taken from
+benchmarks.quality's cache) is ranked through the engine's own path (``linearrag query --json`` does the same) by:
+the graph alone; ``rerank=True`` (the final list reranked); and ``rerank=True`` with ``rerank_loop_candidates``
+K for each K > 0 of ``--loop`` (each round but the last reranked too, the chain's sources and kept passages taken
+from that order). Reported per system: recall@2 / @5 overall and by the number of gold passages, and the count of
+questions with every gold passage in the top 2 (two-gold questions) or the top 5.
+
+``--train FILE`` makes the fitting set from a training file of `linearrag train-reranker` instead: the held-out
+questions of its default split (the ones the shipped fusion was fitted on, never trained on) over an index of
+the paragraphs of its mining questions (rerank.train.mining_questions: the held-out ones and 40% of the rest), as
+the reranker's training run built it. Settings are chosen there, never on the dev sets.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from benchmarks.quality import check_data_folders, data_set_arguments, encode, load_or_build, machine_info  # noqa: E402
+from linearrag_torch.config import RetrievalConfig  # noqa: E402
+from linearrag_torch.corpus import read_questions  # noqa: E402
+
+KS = (2, 5)
+
+
+def fitting_set(train_file: Path, out: Path) -> Path:
+    """A data folder (corpus.jsonl, questions.jsonl) of the training file's held-out questions (see module doc)."""
+    from linearrag_torch.rerank.options import TrainConfig
+    from linearrag_torch.rerank.train import mining_questions, read_training_file, split_heldout
+
+    questions, passages = read_training_file(train_file)
+    cfg = TrainConfig(mine_share=0.4)  # the shipped model's run (its MODEL_CARD.md)
+    _, held = split_heldout(len(questions), cfg.heldout, cfg.seed)
+    keys = {k for i in mining_questions(len(questions), cfg) for k in questions[i].positives + questions[i].negatives}
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "corpus.jsonl").open("w", encoding="utf-8") as fh:
+        for k in sorted(keys):
+            title, text = passages[k]
+            fh.write(json.dumps({"id": k, "title": title, "text": text}, ensure_ascii=False) + "\n")
+    with (out / "questions.jsonl").open("w", encoding="utf-8") as fh:
+        for i in held:
+            q = questions[i]
+            fh.write(json.dumps({"id": str(i), "question": q.question, "answers": [],
+                                 "supporting_ids": q.positives}, ensure_ascii=False) + "\n")
+    return out
+
+
+def systems(loops: list[int]) -> dict:
+    base = RetrievalConfig()
+    out = {"graph": base, "rerank": base.replace(rerank=True)}
+    for k in loops:
+        if k > 0:
+            out[f"loop{k}"] = base.replace(rerank=True, rerank_loop_candidates=k)
+    return out
+
+
+def score(ranked: list[list[str]], questions: list[dict]) -> dict:
+    """recall@k and all-gold-in-top-k counts, overall and by number of gold passages."""
+    groups: dict = {}
+    for ids, q in zip(ranked, questions):
+        gold = {str(g) for g in q["supporting_ids"]}
+        if not gold:
+            continue
+        for key in ("all", f"{len(gold)} gold"):
+            g = groups.setdefault(key, {"n": 0, **{f"recall@{k}": 0.0 for k in KS}, **{f"all@{k}": 0 for k in KS}})
+            g["n"] += 1
+            for k in KS:
+                hit = len(gold & set(ids[:k]))
+                g[f"recall@{k}"] += hit / len(gold)
+                g[f"all@{k}"] += int(hit == len(gold))
+    for g in groups.values():
+        for k in KS:
+            g[f"recall@{k}"] = round(100.0 * g[f"recall@{k}"] / g["n"], 2)
+    return dict(sorted(groups.items(), key=lambda kv: (kv[0] != "all", kv[0])))
+
+
+def run_set(rag, questions: list[dict], configs: dict, batch: int = 64) -> dict:
+    texts = [q["question"] for q in questions]
+    res = {}
+    for name, cfg in configs.items():
+        ranked, t0 = [], time.perf_counter()
+        for s in range(0, len(texts), batch):
+            enc = encode(rag, texts[s:s + batch], cfg)
+            hits = rag.hits(rag.retrieve(enc, cfg))
+            ranked += [[str(h.id) for h in hs] for hs in hits]
+        res[name] = {"ms_per_question": round(1000 * (time.perf_counter() - t0) / max(len(texts), 1), 1),
+                     **score(ranked, questions)}
+        a = res[name]["all"]
+        print(f"  {name:<8} R@2 {a['recall@2']:5.1f}  R@5 {a['recall@5']:5.1f}  all@2 {a['all@2']:4d}  "
+              f"all@5 {a['all@5']:4d}  ({res[name]['ms_per_question']} ms/q)", file=sys.stderr)
+    return res
+
+
+def plot(path: Path, results: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = list(results["datasets"])
+    fig, axes = plt.subplots(1, len(KS), figsize=(5 * len(KS), 3.6), squeeze=False)
+    for ax, k in zip(axes[0], KS):
+        names = list(next(iter(results["datasets"].values())))
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            ax.bar([j + i * width for j in range(len(sets))],
+                   [results["datasets"][s][name]["all"][f"recall@{k}"] for s in sets], width, label=name)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sets))], sets, fontsize=8)
+        ax.set_ylabel(f"recall@{k} (%)")
+        ax.set_ylim(bottom=30)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"reranker in the chain rounds ({results['date']})", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.rerank_loop", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    data_set_arguments(ap, required=False)
+    ap.add_argument("--train", type=Path, help="a `linearrag train-reranker` training file: measure its held-out "
+                                                "questions (the fitting set) instead of --data")
+    ap.add_argument("--loop", nargs="+", type=int, default=[5, 10], help="rerank_loop_candidates compared (> 0)")
+    ap.add_argument("--batch", type=int, default=64, help="questions per call")
+    ap.add_argument("--png", type=Path, help="write the plot here")
+    args = ap.parse_args(argv)
+    folders = list(args.data or [])
+    if args.train:
+        folders = [fitting_set(args.train, args.cache / "train_heldout")]
+    if not folders:
+        ap.error("give --data folders or --train FILE")
+    check_data_folders(folders, ap.error)
+    results = {"command": " ".join(["python", "-m", "benchmarks.rerank_loop"] + (argv or sys.argv[1:])),
+               "date": time.strftime("%Y-%m-%d"), "torch_threads": torch.get_num_threads(), "datasets": {}}
+    configs = systems(args.loop)
+    results["configs"] = {k: {f: v for f, v in c.to_dict().items() if f.startswith("rerank")} for k, c in configs.items()}
+    for data in folders:
+        rag, _ = load_or_build(data / "corpus.jsonl", args.cache)
+        results.setdefault("machine", machine_info(rag))
+        print(f"{data.name}:", file=sys.stderr)
+        results["datasets"][data.name] = run_set(rag, read_questions(str(data / "questions.jsonl")), configs, args.batch)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    if args.png:
+        plot(args.png, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
