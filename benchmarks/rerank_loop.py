@@ -1,6 +1,7 @@
 """The reranker inside the chain rounds against the reranker on the final list only, by number of gold passages.
 
-    python -m benchmarks.rerank_loop --data DIR [DIR ...] [--loop 0 5 10] [--json OUT] [--png OUT]
+    python -m benchmarks.rerank_loop --data DIR [DIR ...] [--loop 5 10] [--precisions float32 int8]
+                                     [--json OUT] [--png OUT]
     python -m benchmarks.rerank_loop --train questions.jsonl [--loop 0 3 5 10] ...   # the fitting set
 
 Each data folder (corpus.jsonl + questions.jsonl with supporting_ids; the index is built or taken from
@@ -8,7 +9,9 @@ benchmarks.quality's cache) is ranked through the engine's own path (``linearrag
 the graph alone; ``rerank=True`` (the final list reranked); and ``rerank=True`` with ``rerank_loop_candidates``
 K for each K > 0 of ``--loop`` (each round but the last reranked too, the chain's sources and kept passages taken
 from that order). Reported per system: recall@2 / @5 overall and by the number of gold passages, and the count of
-questions with every gold passage in the top 2 (two-gold questions) or the top 5.
+questions with every gold passage in the top 2 or the top 5, and the milliseconds per question of the whole path
+(question encoding included; run it alone). ``--precisions`` repeats the reranked systems with the reranker
+in each precision (RetrievalConfig.reranker_precision).
 
 ``--train FILE`` makes the fitting set from a training file of `linearrag train-reranker` instead: the held-out
 questions of its default split (the ones the shipped fusion was fitted on, never trained on) over an index of
@@ -35,15 +38,17 @@ from linearrag_torch.corpus import read_questions  # noqa: E402
 KS = (2, 5)
 
 
-def fitting_set(train_file: Path, out: Path) -> Path:
-    """A data folder (corpus.jsonl, questions.jsonl) of the training file's held-out questions (see module doc)."""
+def fitting_set(train_file: Path, out: Path, heldout_only: bool = False) -> Path:
+    """A data folder (corpus.jsonl, questions.jsonl) of the training file's held-out questions (see module doc);
+    ``heldout_only``: the corpus holds only their own paragraphs (a quarter of the index to build)."""
     from linearrag_torch.rerank.options import TrainConfig
     from linearrag_torch.rerank.train import mining_questions, read_training_file, split_heldout
 
     questions, passages = read_training_file(train_file)
     cfg = TrainConfig(mine_share=0.4)  # the shipped model's run (its MODEL_CARD.md)
     _, held = split_heldout(len(questions), cfg.heldout, cfg.seed)
-    keys = {k for i in mining_questions(len(questions), cfg) for k in questions[i].positives + questions[i].negatives}
+    pool = held if heldout_only else mining_questions(len(questions), cfg)
+    keys = {k for i in pool for k in questions[i].positives + questions[i].negatives}
     out.mkdir(parents=True, exist_ok=True)
     with (out / "corpus.jsonl").open("w", encoding="utf-8") as fh:
         for k in sorted(keys):
@@ -57,12 +62,16 @@ def fitting_set(train_file: Path, out: Path) -> Path:
     return out
 
 
-def systems(loops: list[int]) -> dict:
+def systems(loops: list[int], precisions: list[str]) -> dict:
+    """{name: config}: the graph alone, then per reranker precision the final-list rerank and each loop size."""
     base = RetrievalConfig()
-    out = {"graph": base, "rerank": base.replace(rerank=True)}
-    for k in loops:
-        if k > 0:
-            out[f"loop{k}"] = base.replace(rerank=True, rerank_loop_candidates=k)
+    out = {"graph": base}
+    for p in precisions:
+        tag = "" if p == "float32" else f"_{p}"
+        out[f"rerank{tag}"] = base.replace(rerank=True, reranker_precision=p)
+        for k in loops:
+            if k > 0:
+                out[f"loop{k}{tag}"] = base.replace(rerank=True, rerank_loop_candidates=k, reranker_precision=p)
     return out
 
 
@@ -90,6 +99,7 @@ def run_set(rag, questions: list[dict], configs: dict, batch: int = 64) -> dict:
     texts = [q["question"] for q in questions]
     res = {}
     for name, cfg in configs.items():
+        rag.retrieve(encode(rag, texts[:8], cfg), cfg)  # warm-up: models loaded, passages tokenised
         ranked, t0 = [], time.perf_counter()
         for s in range(0, len(texts), batch):
             enc = encode(rag, texts[s:s + batch], cfg)
@@ -133,19 +143,24 @@ def main(argv=None) -> int:
     data_set_arguments(ap, required=False)
     ap.add_argument("--train", type=Path, help="a `linearrag train-reranker` training file: measure its held-out "
                                                 "questions (the fitting set) instead of --data")
+    ap.add_argument("--heldout-corpus", action="store_true",
+                    help="with --train: index only the held-out questions' own paragraphs (faster to build, easier)")
     ap.add_argument("--loop", nargs="+", type=int, default=[5, 10], help="rerank_loop_candidates compared (> 0)")
+    ap.add_argument("--precisions", nargs="+", default=["float32"], choices=["float32", "bfloat16", "int8", "auto"],
+                    help="reranker precisions compared (RetrievalConfig.reranker_precision)")
     ap.add_argument("--batch", type=int, default=64, help="questions per call")
     ap.add_argument("--png", type=Path, help="write the plot here")
     args = ap.parse_args(argv)
     folders = list(args.data or [])
     if args.train:
-        folders = [fitting_set(args.train, args.cache / "train_heldout")]
+        name = "train_heldout_own" if args.heldout_corpus else "train_heldout"
+        folders = [fitting_set(args.train, args.cache / name, args.heldout_corpus)]
     if not folders:
         ap.error("give --data folders or --train FILE")
     check_data_folders(folders, ap.error)
     results = {"command": " ".join(["python", "-m", "benchmarks.rerank_loop"] + (argv or sys.argv[1:])),
                "date": time.strftime("%Y-%m-%d"), "torch_threads": torch.get_num_threads(), "datasets": {}}
-    configs = systems(args.loop)
+    configs = systems(args.loop, args.precisions)
     results["configs"] = {k: {f: v for f, v in c.to_dict().items() if f.startswith("rerank")} for k, c in configs.items()}
     for data in folders:
         rag, _ = load_or_build(data / "corpus.jsonl", args.cache)

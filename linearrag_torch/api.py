@@ -234,7 +234,8 @@ class LinearRAG:
     def reranker(self, config: RetrievalConfig | None = None):
         """The learned reranker (rerank.Reranker) that ``config`` (default: this index's settings) names,
         loaded once on this index's device. A missing or damaged folder raises RerankerLoadError naming it."""
-        return self.graph.reranker((config or self.config).reranker)
+        cfg = config or self.config
+        return self.graph.reranker(cfg.reranker, cfg.reranker_precision)
 
     def retrieve(self, queries: EncodedQueries, config: RetrievalConfig | None = None, backend: str = "torch", *,
                  timings: dict | None = None) -> Retrieved:

@@ -40,14 +40,35 @@ SLOW_MODULES = {
 }
 
 
+# Single tests of the other modules that run a program end to end or start processes (benchmark programs, NER worker
+# processes, a server process drained by SIGTERM, a writer killed mid-write, a filled disk, the example scripts, the
+# Triton interpreter, a fresh half-precision build, sentence-transformers as the encoder's oracle): slow too, by
+# name, so that the README's test command stays within 5 minutes on 2 cores. `-m slow` runs them (CI does).
+SLOW_TESTS = {
+    "test_overload_and_soak_benchmark_modes_end_to_end", "test_serve_benchmark_end_to_end",
+    "test_question_path_versions_benchmark_options", "test_throughput_benchmark_with_ner_processes",
+    "test_throughput_benchmark_end_to_end", "test_throughput_benchmark_graph_stage_alone",
+    "test_serve_command_drains_on_sigterm_and_exits_0", "test_a_killed_ner_worker_under_load_fails_no_request",
+    "test_ner_worker_processes_give_the_same_results", "test_cli_query_with_ner_processes",
+    "test_a_killed_add_leaves_the_previous_index_and_a_second_writer_is_refused",
+    "test_a_full_disk_during_add_delete_or_index_is_a_clear_error_and_changes_nothing",
+    "test_examples_run_on_the_sample", "test_triton_kernels_in_the_interpreter_match_the_fallbacks",
+    "test_conversion_equals_a_fresh_half_build", "test_encoder_equals_sentence_transformers",
+}
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: multi-process or end-to-end; left out by -m 'not slow' (conftest.SLOW_MODULES)")
 
 
 def pytest_collection_modifyitems(config, items):
+    names = set()
     for item in items:
-        if item.path.name in SLOW_MODULES:
+        names.add(item.originalname)
+        if item.path.name in SLOW_MODULES or item.originalname in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+    if len(items) > 400:  # a whole-suite collection: every name above still names a test
+        assert SLOW_TESTS <= names, f"conftest.SLOW_TESTS names no test: {sorted(SLOW_TESTS - names)}"
 
 
 def read_jsonl(path):

@@ -125,14 +125,36 @@ def fuse(settings: RerankerSettings, logits: torch.Tensor, graph_scores: torch.T
             + settings.w_score * torch.log(ratio.clamp(min=1e-6, max=1.0)))
 
 
+RERANKER_PRECISIONS = ("auto", "float32", "bfloat16", "int8")
+
+
+def resolve_precision(precision: str, device) -> str:
+    """What the cross-encoder runs in on ``device``: "float32"; "bfloat16" (autocast; on CUDA float16 where
+    bf16 is not native); "int8" (dynamically quantised Linear layers, CPU only: float32 elsewhere); "auto":
+    bfloat16 where the device computes it natively (env.native_bf16: CUDA, AMX or AVX512-BF16), else float32."""
+    from .. import env
+
+    if precision not in RERANKER_PRECISIONS:
+        raise ValueError(f"reranker precision must be one of {RERANKER_PRECISIONS}, got {precision!r}")
+    dev = torch.device(device)
+    if precision == "auto":
+        return "bfloat16" if env.native_bf16(dev) else "float32"
+    if precision == "bfloat16" and dev.type == "cuda" and not env.native_bf16(dev):
+        return "float16"
+    if precision == "int8" and dev.type != "cpu":
+        return "float32"
+    return precision
+
+
 class Reranker:
     """A loaded cross-encoder on a device: ``rerank`` for the engine's batches, ``predict`` for pairs of text.
 
     ``tokens_per_pass``: most tokens of one forward pass (default 4,096 on a CPU, 65,536 on a GPU).
+    ``precision``: what the model runs in (resolve_precision).
     """
 
     def __init__(self, model, tokenizer, settings: RerankerSettings, device="cpu", tokens_per_pass: int | None = None,
-                 folder=None):
+                 folder=None, precision: str = "float32"):
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
@@ -140,12 +162,21 @@ class Reranker:
         self.folder = folder
         self.tokens_per_pass = tokens_per_pass or (65536 if self.device.type == "cuda" else 4096)
         self._passages = {}  # id(index) -> (weak reference to the index, its PassageTokens)
+        self.precision = resolve_precision(precision, self.device)
+        self._autocast = None
+        if self.precision == "int8":
+            from ..indexing.encoding import quantize_int8
+
+            self.model.bert = quantize_int8(self.model.bert)  # the head reads its weight directly: kept float32
+        elif self.precision in ("bfloat16", "float16"):
+            self._autocast = getattr(torch, self.precision)
 
     @classmethod
-    def load(cls, folder=None, device="cpu", tokens_per_pass: int | None = None) -> "Reranker":
-        """From a reranker folder (default: the one shipped with the package); see model.load_model."""
+    def load(cls, folder=None, device="cpu", tokens_per_pass: int | None = None, precision: str = "float32") -> "Reranker":
+        """From a reranker folder (default: the one shipped with the package); see model.load_model.
+        ``precision``: RERANKER_PRECISIONS (resolve_precision)."""
         model, tok, settings = load_model(folder)
-        return cls(model, tok, settings, device, tokens_per_pass, folder)
+        return cls(model, tok, settings, device, tokens_per_pass, folder, precision)
 
     # ----------------------------------------------------------------- tokens
     def question_tokens(self, questions: list[str]) -> QuestionTokens:
@@ -179,7 +210,8 @@ class Reranker:
             ctx = None if context_of_pair is None else context_of_pair[s:s + per_pass]
             ids, mask, types = pair_inputs(q, p, q_of_pair[s:s + per_pass], passage_of_pair[s:s + per_pass], L, sep,
                                            self.tokenizer.pad_token_id or 0, ctx, self.settings.context_tokens)
-            out[s:s + per_pass] = self.model(ids, mask, types).float()
+            with torch.autocast(self.device.type, dtype=self._autocast, enabled=self._autocast is not None):
+                out[s:s + per_pass] = self.model(ids, mask, types).float()
         return out
 
     def rerank(self, q: QuestionTokens, p: PassageTokens, indices: torch.Tensor, scores: torch.Tensor) -> Reranked:

@@ -96,16 +96,16 @@ class DeviceGraph:
         self._chain = None  # chain.ChainTables on this device, made on first use
         self._last_cosines = None  # (questions, their passage cosines): see passage_cosines
         self._keep = False
-        self._rerankers = {}  # folder ("" = the packaged model) -> rerank.Reranker on this device
+        self._rerankers = {}  # (folder ("" = the packaged model), precision) -> rerank.Reranker on this device
 
-    def reranker(self, folder: str = ""):
-        """The learned reranker (rerank.Reranker) from ``folder`` ("" = the one shipped with the package),
-        loaded once on this graph's device."""
-        got = self._rerankers.get(folder)
+    def reranker(self, folder: str = "", precision: str = "float32"):
+        """The learned reranker (rerank.Reranker) from ``folder`` ("" = the one shipped with the package) in
+        ``precision`` (rerank.scoring.resolve_precision), loaded once on this graph's device."""
+        got = self._rerankers.get((folder, precision))
         if got is None:
             from ..rerank import Reranker
 
-            got = self._rerankers[folder] = Reranker.load(folder or None, self.device)
+            got = self._rerankers[(folder, precision)] = Reranker.load(folder or None, self.device, precision=precision)
         return got
 
     def rerank_passages(self, reranker):
@@ -323,7 +323,7 @@ class TorchBackend:
     def learned_rerank(self, queries, ranking, cfg, candidates):
         from . import rerank_stage
 
-        reranker = self.graph.reranker(cfg.reranker)
+        reranker = self.graph.reranker(cfg.reranker, cfg.reranker_precision)
         return rerank_stage.apply(reranker, self.graph.rerank_passages(reranker), queries, ranking, candidates)
 
     @property

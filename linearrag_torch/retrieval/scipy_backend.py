@@ -237,9 +237,9 @@ class ScipyBackend:
         else:
             from ..rerank import Reranker
 
-            key = ("reranker", cfg.reranker)
+            key = ("reranker", cfg.reranker, cfg.reranker_precision)
             if key not in self.prepared:
-                self.prepared[key] = Reranker.load(cfg.reranker or None, "cpu")
+                self.prepared[key] = Reranker.load(cfg.reranker or None, "cpu", precision=cfg.reranker_precision)
             reranker = self.prepared[key]
             passages = reranker.passage_tokens(self.index)
         out, rr = rerank_stage.apply(reranker, passages, queries, ranking, candidates)

@@ -10,7 +10,7 @@ import torch
 
 from conftest import write_jsonl
 from linearrag_torch.rerank import Reranker, RerankerLoadError, RerankerSettings
-from linearrag_torch.rerank.model import base_cross_encoder, load_model, packaged_base_folder, save_model
+from linearrag_torch.rerank.model import base_cross_encoder, load_model, save_model
 from linearrag_torch.rerank.scoring import PassageTokens, QuestionTokens, chain_context, fuse, pair_inputs
 from linearrag_torch.rerank.train import (TrainConfig, listwise_loss, mining_questions, read_training_file,
                                           split_heldout, train)
@@ -122,19 +122,6 @@ def test_read_training_file_names_file_line_and_field(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ a tiny model
-@pytest.fixture(scope="session")
-def tiny_base(tmp_path_factory):
-    """A 2-layer, 32-wide BERT with the packaged MiniLM's tokenizer, randomly initialised (seed 0)."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    folder = tmp_path_factory.mktemp("tiny_bert")
-    torch.manual_seed(0)
-    BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                         max_position_embeddings=128)).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(str(packaged_base_folder())).save_pretrained(folder)
-    return folder
-
-
 def _train_tiny(tmp_path, tiny_base, **kw):
     tmp_path.mkdir(parents=True, exist_ok=True)
     qs, ps = read_training_file(write_jsonl(tmp_path / "t.jsonl", _training_rows()))
@@ -215,18 +202,6 @@ def test_a_pairs_score_does_not_depend_on_its_pass(tiny_base):
 
 
 # ------------------------------------------------------------------------------------------ the engine stage
-@pytest.fixture(scope="session")
-def tiny_reranker_dir(tiny_base, tmp_path_factory):
-    """A saved reranker folder with the tiny BERT (random weights, float32) and a fusion that mixes all three
-    terms, so that the order it gives differs from the graph's."""
-    model, tok = base_cross_encoder(tiny_base, seed=5)
-    torch.nn.init.normal_(model.head.weight, std=1.0)
-    folder = tmp_path_factory.mktemp("tiny_reranker") / "model"
-    save_model(model.eval(), tok, RerankerSettings(max_length=64, question_tokens=24, w_model=3.0, w_rank=-0.3,
-                                                   w_score=0.2), folder, half=False)
-    return folder
-
-
 def _by_hand(rag, reranker_dir, questions, k_candidates, top_k):
     """The reranked order computed outside the engine: the graph's ranking, Reranker.predict on text pairs,
     the fused score by the documented formula, a stable sort; then the graph's tail."""
