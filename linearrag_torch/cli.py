@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from . import __version__, env
-from .cli_common import open_index_dir, print_hits, question_items, retrieval_settings, snippet
+from .cli_common import check_output_dir, count, open_index_dir, print_hits, question_items, retrieval_settings, sizes, snippet
 from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig, add_flags
 
 
@@ -118,7 +118,7 @@ def parser() -> argparse.ArgumentParser:
                     choices=IndexConfig.__dataclass_fields__["embedding_dtype"].metadata["choices"],
                     help=IndexConfig.__dataclass_fields__["embedding_dtype"].metadata["help"])
 
-    q = sub.add_parser("query", help="answer questions from an index",
+    q = sub.add_parser("query", help="retrieve: rank the passages of an index for questions",
                        description="Rank passages for each question (arguments, or --questions FILE.jsonl).")
     q.add_argument("index_dir", metavar="INDEX_DIR")
     q.add_argument("question", nargs="*", help="question text(s)")
@@ -175,7 +175,7 @@ def parser() -> argparse.ArgumentParser:
     add_llm_flags(an)
     _add_settings(an, stored=True)
 
-    d = sub.add_parser("demo", help="index the bundled sample corpus and answer its multi-hop questions",
+    d = sub.add_parser("demo", help="index the bundled sample corpus and show the passages found for its multi-hop questions",
                        description="Index a few hundred bundled 2WikiMultiHopQA passages (cached after the first run) "
                                    "and show, for each bundled question, the passages found and the entities that bridged them.")
     d.add_argument("--top-k", type=int, default=3, help="passages shown per question (default %(default)s)")
@@ -192,6 +192,7 @@ def cmd_index(args) -> int:
     from .api import LinearRAG
 
     t0 = time.perf_counter()
+    check_output_dir(args.index_dir)  # not after minutes of indexing
     cfg = _retrieval_config(args, RetrievalConfig())
     icfg = IndexConfig(**{name: getattr(args, name) for name in args.index_fields})
     from contextlib import nullcontext
@@ -210,7 +211,7 @@ def cmd_index(args) -> int:
             rag = LinearRAG.build(args.corpus, index_config=icfg, config=cfg, device=args.device, progress=not args.quiet)
         rag.save(args.index_dir)
     s = rag.index.summary()
-    print(f"indexed {s['passages']} passages, {s['sentences']} sentences, {s['entities']} entities "
+    print(f"indexed {sizes(s)} "
           f"(nnz M {s['nnz_M']}, C {s['nnz_C']}, N {s['nnz_N']}) into {args.index_dir} "
           f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0
@@ -230,11 +231,12 @@ def _update_index(index_dir: str, device: str, change, verb: str, preposition: s
         change(rag)
         rag.save(path)
     after = rag.index.summary()
-    growth = ", ".join(f"{after[k] - before[k]:+d} {k}" for k in ("sentences", "entities"))
+    growth = ", ".join(f"{'+' if d >= 0 else '-'}{count(abs(d), noun, plural)}" for d, noun, plural in (
+        (after["sentences"] - before["sentences"], "sentence", None),
+        (after["entities"] - before["entities"], "entity", "entities")))
     n = abs(after["passages"] - before["passages"])
-    print(f"{verb} {n} passages ({growth}) {preposition} {index_dir}: now {after['passages']} passages, "
-          f"{after['sentences']} sentences, {after['entities']} entities in {time.perf_counter() - t0:.1f} s",
-          file=sys.stderr)
+    print(f"{verb} {count(n, 'passage')} ({growth}) {preposition} {index_dir}: now {sizes(after)} "
+          f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0
 
 
@@ -299,6 +301,7 @@ def cmd_convert(args) -> int:
     def folder_bytes(p: Path) -> int:
         return sum(f.stat().st_size for f in p.iterdir() if f.is_file())
 
+    check_output_dir(out)
     size_before = folder_bytes(src)
     make_dirs(out)
     with index_lock(out):  # OUT_DIR: one writer; INDEX_DIR too when they are the same folder
@@ -306,7 +309,7 @@ def cmd_convert(args) -> int:
         before = index.index_config.embedding_dtype
         index.with_embedding_dtype(args.embedding_dtype).save(out)
     n = max(index.num_passages, 1)
-    print(f"converted {index.num_passages} passages from {before} ({size_before / n:,.0f} bytes per passage) to "
+    print(f"converted {count(index.num_passages, 'passage')} from {before} ({size_before / n:,.0f} bytes per passage) to "
           f"{args.embedding_dtype} ({folder_bytes(out) / n:,.0f} bytes per passage) "
           f"{'in place in ' + str(out) if same else 'into ' + str(out)} in {time.perf_counter() - t0:.1f} s",
           file=sys.stderr)
@@ -406,8 +409,8 @@ def cmd_answer(args) -> int:
             print(f"  A: {a.answer}" + ("" if a.marker_found else "  (no 'Answer:' line: the whole reply)"))
             print("  from: " + "; ".join(f"[{p.id}] {p.title or snippet(p.text, 40)}" for p in a.passages))
     spent = sum(a.usage.get("total_tokens", 0) for a in answers if not a.cached)
-    print(f"answered {len(answers)} questions with {llm.model}: {sum(a.cached for a in answers)} replies from the "
-          f"cache, {spent} tokens spent", file=sys.stderr)
+    print(f"answered {count(len(answers), 'question')} with {llm.model}: {count(sum(a.cached for a in answers), 'reply', 'replies')} "
+          f"from the cache, {count(spent, 'token')} spent", file=sys.stderr)
     return 0
 
 

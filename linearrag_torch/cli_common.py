@@ -21,6 +21,22 @@ def open_index_dir(index_dir: str):
     return path
 
 
+def check_output_dir(path) -> None:
+    """A clear error (ValueError) before any work when folder ``path`` cannot be written: it, or a folder above
+    it, is a file, or its nearest existing folder is read-only. Checked before indexing, not when the index is
+    saved after minutes of work."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if p.exists() and not p.is_dir():
+        what = "is a file" if p == Path(path) else f"cannot be made: {p} is a file"
+        raise ValueError(f"{path} {what}, not a folder (give a new folder, or an index folder to replace)")
+    import os
+
+    if not os.access(p if p.exists() else ".", os.W_OK | os.X_OK):
+        raise ValueError(f"{path}: cannot write to {p} (permission denied)")
+
+
 def question_items(args) -> list[dict]:
     """The questions of `query` / `answer`: the QUESTION arguments, then those of --questions FILE.jsonl."""
     from .corpus import read_questions
@@ -43,6 +59,16 @@ def print_hits(items: list, results: list, as_json: bool) -> None:
             print(f"Q {it['id']}: {it['question']}")
             for rank, h in enumerate(hits, 1):
                 print(f"  {rank}. [{h.id}] {h.title or snippet(h.text, 60)}  score {h.score:.4g}")
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """"1 passage", "2 passages", "1 entity" (with ``plural`` "entities"): the counts the commands print."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
+def sizes(summary: dict) -> str:
+    """"N passages, N sentences, N entities" of an index summary (TriGraphIndex.summary)."""
+    return ", ".join(count(summary[k], k[:-1] if k != "entities" else "entity", k) for k in ("passages", "sentences", "entities"))
 
 
 def snippet(text: str, n: int) -> str:

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from . import env
+from .cli_common import sizes
 from .data import sample_corpus_path, sample_questions as demo_questions
 from .index import IndexFormatError
 
@@ -31,7 +32,7 @@ def run_demo(args) -> int:
         rag = LinearRAG.build(corpus, device=args.device)
         rag.save(index_dir)
         s = rag.index.summary()
-        print(f"  {s['passages']} passages, {s['sentences']} sentences, {s['entities']} entities "
+        print(f"  {sizes(s)} "
               f"in {time.perf_counter() - t0:.1f} s; saved to {index_dir}", file=sys.stderr)
 
     questions = demo_questions()

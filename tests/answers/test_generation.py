@@ -272,7 +272,7 @@ def test_cli_answer_json_cache_and_errors(chat, small_index_dir, shared_models, 
     assert all(len(r["passages"]) == 2 and r["marker_found"] for r in rows)
     assert "0 replies from the cache, 120 tokens spent" in err and "sk-from-env" not in out + err
     rc, out, err = run_cli(capsys, "answer", small_index_dir, QUESTION, "--top-k", 2, *common)  # text, cached
-    assert rc == 0 and "A: London" in out and "1 replies from the cache, 0 tokens spent" in err
+    assert rc == 0 and "A: London" in out and "1 reply from the cache, 0 tokens spent" in err
     assert len(chat.chat_requests) == 2
 
     chat.responder = lambda body: ("status", 503, {"error": {"message": "overloaded"}})

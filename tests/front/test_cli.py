@@ -267,6 +267,42 @@ def test_bad_corpus_names_file_and_line(capsys, tmp_path):
     assert not (out_dir / "index.json").exists()
 
 
+@pytest.mark.parametrize("where", ["a file", "a folder under a file"])
+def test_index_into_a_file_fails_before_any_work(tiny_corpus, capsys, tmp_path, monkeypatch, where):
+    """OUT an existing file (or below one): one line, exit 2, before the corpus is read or a model loaded,
+    and the file as it was (it used to fail when saving, after the whole build)."""
+    import linearrag_torch.api
+
+    target = tmp_path / "notes.txt"
+    target.write_text("keep me")
+    out = target if where == "a file" else target / "index"
+    work = []
+    monkeypatch.setattr(linearrag_torch.api.LinearRAG, "build", classmethod(lambda cls, *a, **k: work.append(a)))
+    monkeypatch.setattr(models, "load_nlp", lambda cfg: work.append("nlp"))
+    rc, stdout, err = run(capsys, "index", tiny_corpus, out, "--quiet", "--device", "cpu")
+    assert_error(rc, stdout, err, str(out), "is a file" if where == "a file" else f"{target} is a file")
+    assert err.count("\n") == 1 and work == []
+    assert target.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_counts_read_as_english():
+    from linearrag_torch.cli_common import count, sizes
+
+    assert [count(n, "passage") for n in (0, 1, 2, 1234)] == ["0 passages", "1 passage", "2 passages", "1,234 passages"]
+    assert count(1, "entity", "entities") == "1 entity" and count(3, "reply", "replies") == "3 replies"
+    assert sizes({"passages": 1, "sentences": 1, "entities": 2}) == "1 passage, 1 sentence, 2 entities"
+
+
+def test_adding_one_passage_says_one_passage(tiny_index, capsys, tmp_path):
+    folder = tmp_path / "grown"
+    shutil.copytree(tiny_index, folder)
+    more = write_jsonl(tmp_path / "one.jsonl", [{"id": "new1", "text": "Zorblat Quux was born in Nowhere."}])
+    rc, _, err = run(capsys, "add", folder, more, "--quiet", "--device", "cpu")
+    assert rc == 0, err
+    assert re.match(r"added 1 passage \(\+\d+ sentences?, \+\d+ entit(y|ies)\) to ", err), err
+    assert re.search(r"now 11 passages, ", err) and "1 sentences" not in err and "1 entities" not in err, err
+
+
 def test_failed_index_leaves_the_existing_index_untouched(tiny_index, capsys, tmp_path):
     folder = tmp_path / "existing"
     shutil.copytree(tiny_index, folder)
@@ -326,6 +362,16 @@ def test_help(capsys, argv, words):
     assert out.startswith("usage: linearrag")
     for w in words:
         assert w in out
+
+
+def test_query_is_described_as_ranking_and_answer_as_answering(capsys):
+    """`query` retrieves, `answer` answers: the command list must not say that query answers questions."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    line = {l.split()[0]: l for l in out.splitlines() if l.startswith("    ") and l.split()}
+    assert "answer" not in line["query"] and "rank" in line["query"], line["query"]
+    assert "answer" in line["answer"]
 
 
 def test_usage_errors_exit_2(capsys):

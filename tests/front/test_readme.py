@@ -105,6 +105,27 @@ def test_two_commands_install_what_the_tests_need_and_ci_runs_the_same():
     assert any(line.strip() == "python -m pytest -q tests -m slow" for line in ci), "CI runs the longer run too"
 
 
+def created_folders(text: str) -> set[str]:
+    """The folders the README's commands and snippets create: `linearrag index CORPUS OUT`'s OUT and
+    rag.save("...")'s argument."""
+    out = {argv[2] for argv in (shlex.split(line, comments=True)[1:]
+                                 for line in re.findall(r"^    (linearrag index .*)$", text, re.M)) if len(argv) >= 3}
+    return out | set(re.findall(r'rag\.save\("([^"]+)"\)', text))
+
+
+def test_the_folders_the_readme_creates_are_ignored_by_git():
+    import shutil
+    import subprocess
+
+    folders = created_folders(README)
+    assert {"demo_index", "ray_index"} <= folders, folders
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    for name in sorted(folders) + ["update_demo"]:  # update_demo: examples/update_index.py's --out default
+        proc = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", "--no-index", f"{name}/index.json"])
+        assert proc.returncode == 0, f"{name}/ is not in .gitignore"
+
+
 def test_readme_commands_run_as_written(readme_world, capsys):
     from linearrag_torch.cli import main
 
