@@ -316,10 +316,19 @@ def cmd_convert(args) -> int:
     return 0
 
 
+def _require_encoder_backend(backend: str) -> None:
+    """--encoder-backend onnx without the [onnx] extra: one line naming it, before the index loads."""
+    if backend == "onnx":
+        from .extras import require
+
+        require("onnx", "onnxruntime", "onnx", what="--encoder-backend onnx")
+
+
 def cmd_query(args) -> int:
     from .api import LinearRAG
 
     items = question_items(args)
+    _require_encoder_backend(args.encoder_backend)
     if args.ner_processes < 0:
         raise SystemExit(f"linearrag query: error: --ner-processes must be >= 0, got {args.ner_processes}")
     if args.shards:
@@ -361,6 +370,7 @@ def cmd_serve(args) -> int:
     if not ray_settings.ray and ray_settings != RaySettings():
         raise ValueError("the Ray Serve settings (--replicas, --autoscale, ...) need --ray")
     open_index_dir(args.index_dir)  # a clear error now for a folder that holds no index
+    _require_encoder_backend(getattr(args, "encoder_backend", "torch"))
     llm = None
     if args.llm_base_url or args.llm_model or env.LLM_BASE_URL.get():
         from .answers.generation import LLMError, llm_from_args
@@ -430,6 +440,7 @@ def main(argv=None) -> int:
     env.offline_by_default()
     args = parser().parse_args(argv)
     from .corpus import InputError
+    from .extras import MissingExtra
     from .retrieval.memory import keep_freed_memory
 
     keep_freed_memory()  # this process is ours: reuse freed memory instead of faulting it in again
@@ -442,7 +453,7 @@ def main(argv=None) -> int:
         commands["answer"] = cmd_answer
         commands["train-reranker"] = cmd_train_reranker
         return commands[args.command](args)
-    except (InputError, IndexFormatError, RerankerLoadError, ValueError, FileNotFoundError, OSError) as exc:
+    except (InputError, IndexFormatError, RerankerLoadError, MissingExtra, ValueError, FileNotFoundError, OSError) as exc:
         print(f"linearrag {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

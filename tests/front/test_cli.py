@@ -285,6 +285,19 @@ def test_index_into_a_file_fails_before_any_work(tiny_corpus, capsys, tmp_path, 
     assert target.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
+@pytest.mark.parametrize("hidden", ["onnxruntime", "onnx"])
+def test_onnx_backend_without_its_extra_is_one_line(tiny_index, capsys, monkeypatch, hidden):
+    """--encoder-backend onnx without the [onnx] extra (simulated: the import fails): one line naming the extra,
+    exit 2, before the index loads (it was a 40-line traceback from the export)."""
+    import linearrag_torch.api
+
+    monkeypatch.setitem(sys.modules, hidden, None)
+    monkeypatch.setattr(linearrag_torch.api.LinearRAG, "load", classmethod(lambda cls, *a, **k: pytest.fail("loaded")))
+    rc, out, err = run(capsys, "query", tiny_index, "Who?", "--encoder-backend", "onnx", "--device", "cpu")
+    assert_error(rc, out, err, "--encoder-backend onnx", hidden, 'pip install -e ".[onnx]"')
+    assert err.count("\n") == 1, err
+
+
 def test_counts_read_as_english():
     from linearrag_torch.cli_common import count, sizes
 
