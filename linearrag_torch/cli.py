@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -356,6 +357,24 @@ def cmd_query(args) -> int:
     return 0
 
 
+def _check_port(host: str, port: int) -> None:
+    """A clear error now when HOST:PORT cannot be bound (in use, say): the server binds it only after the index
+    has loaded, and uvicorn then fails with its own traceback (Errno 98). The port is bound as uvicorn binds it
+    (SO_REUSEADDR: a port whose last connections linger in TIME_WAIT is free) and released at once."""
+    if port == 0:  # any free port
+        return
+    import socket
+
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(addr)
+    except OSError as exc:
+        hint = " (another server? choose another --port)" if exc.errno == errno.EADDRINUSE else ""
+        raise ValueError(f"cannot serve on {host}:{port}: {exc.strerror or exc}{hint}") from None
+
+
 def cmd_serve(args) -> int:
     try:
         from .serve.app import serve
@@ -371,6 +390,8 @@ def cmd_serve(args) -> int:
         raise ValueError("the Ray Serve settings (--replicas, --autoscale, ...) need --ray")
     open_index_dir(args.index_dir)  # a clear error now for a folder that holds no index
     _require_encoder_backend(getattr(args, "encoder_backend", "torch"))
+    if not (ray_settings.ray and ray_settings.ray_address):  # a remote cluster's nodes bind it, not this one
+        _check_port(args.host, args.port)
     llm = None
     if args.llm_base_url or args.llm_model or env.LLM_BASE_URL.get():
         from .answers.generation import LLMError, llm_from_args

@@ -298,6 +298,25 @@ def test_onnx_backend_without_its_extra_is_one_line(tiny_index, capsys, monkeypa
     assert err.count("\n") == 1, err
 
 
+def test_serve_on_a_port_in_use_is_one_line_before_the_index_loads(tiny_index, capsys, monkeypatch):
+    """The port is checked before the index loads: one line naming it, exit 2 (it was uvicorn's Errno 98
+    traceback after the load)."""
+    import socket
+
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    import linearrag_torch.serve.app as app
+
+    monkeypatch.setattr(app, "serve", lambda *a, **k: pytest.fail("the server started"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        rc, out, err = run(capsys, "serve", tiny_index, "--port", port)
+    assert_error(rc, out, err, f"127.0.0.1:{port}", "in use")
+    assert err.count("\n") == 1, err
+
+
 def test_counts_read_as_english():
     from linearrag_torch.cli_common import count, sizes
 
