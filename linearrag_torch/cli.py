@@ -421,7 +421,9 @@ def cmd_answer(args) -> int:
 
     items = question_items(args)
     try:
-        llm = llm_from_args(args)  # a missing URL or model fails before the index loads
+        # a missing URL or model fails before the index loads; a retry says what it waits for and how long
+        llm = llm_from_args(args, notify=lambda line: print(f"linearrag answer: waiting: {line}", file=sys.stderr,
+                                                             flush=True))
         rag = LinearRAG.load(args.index_dir, device=args.device)
         rag.config = _retrieval_config(args, rag.config)
         hits = []
