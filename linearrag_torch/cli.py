@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from . import __version__, env
-from .cli_common import check_output_dir, count, open_index_dir, print_hits, question_items, retrieval_settings, sizes, snippet
+from .cli_common import check_output_dir, count, open_index_dir, order_note, print_hits, question_items, retrieval_settings, sizes, snippet
 from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig, add_flags
 
 
@@ -353,7 +353,7 @@ def cmd_query(args) -> int:
             results += rag.search([it["question"] for it in chunk], top_k=args.top_k, backend=args.backend)
     finally:
         rag.close()
-    print_hits(items, results, args.json)
+    print_hits(items, results, args.json, order_note(rag.config.replace(top_k=args.top_k)))
     return 0
 
 

@@ -194,7 +194,7 @@ def test_query_readable_output(tiny_index, capsys):
     rc, out, err = run(capsys, "query", tiny_index, *qs, "--top-k", "4", "--device", "cpu")
     assert rc == 0, err
     want = query_json(capsys, tiny_index, *qs, "--top-k", "4")
-    lines = out.splitlines()
+    lines = [l for l in out.splitlines() if not l.startswith("     (order: ")]  # the note on scores out of order
     assert len(lines) == 2 * (1 + 4)
     for b, res in enumerate(want):
         block = lines[b * 5:(b + 1) * 5]
@@ -204,6 +204,35 @@ def test_query_readable_output(tiny_index, capsys):
             assert m, line
             assert int(m.group(1)) == rank and m.group(2) == h["id"] and m.group(3) == h["title"]
             assert float(m.group(4)) == pytest.approx(h["score"], rel=1e-3)
+
+
+def test_scores_out_of_order_carry_a_note_naming_the_pair_rerank(small_index_dir, capsys, tmp_path):
+    """The pair rerank gives places 1-2 to a pair and leaves their scores: where the printed scores are out of
+    order a note under the question says which stage set the order; in order (or without the pair rerank, which
+    leaves the scores in order) no note."""
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps({"question": q["question"]}) + "\n" for q in demo_questions()))
+
+    def blocks(*flags):
+        rc, out, err = run(capsys, "query", small_index_dir, "--questions", questions, "--device", "cpu", *flags)
+        assert rc == 0, err
+        return [b.splitlines() for b in re.split(r"^(?=Q )", out, flags=re.M) if b]
+
+    inverted = 0
+    for block in blocks():
+        scores = [float(m.group(1)) for m in (re.search(r"  score (\S+)$", l) for l in block) if m]
+        out_of_order = any(a < b for a, b in zip(scores, scores[1:]))
+        notes = [l for l in block if l.startswith("     (order: ")]
+        assert notes == (["     (order: place 1 kept from the first round ahead of the last round's ranking; then "
+                          "places 1-2 the pair rerank's best pair of the top 5; each score is its own round's, so a "
+                          "lower one can come first)"] if out_of_order else []), block
+        inverted += out_of_order
+    assert inverted, "no question with its scores out of order: the note is untested"
+    for block in blocks("--pair-candidates", "0"):  # the chain round alone: its note does not name the pair rerank
+        assert not any("pair rerank" in l for l in block), block
+    for block in blocks("--pair-candidates", "0", "--chain-passages", "0"):  # one round, no pairs: in score order
+        scores = [float(m.group(1)) for m in (re.search(r"  score (\S+)$", l) for l in block) if m]
+        assert scores == sorted(scores, reverse=True) and not any("(order: " in l for l in block), block
 
 
 # ---------------------------------------------------------------- errors (exit status 2, message on stderr)
@@ -378,6 +407,10 @@ def test_demo_answers_bundled_questions_from_a_cached_index(small_index_dir, cap
     assert "seeds: " in out
     assert re.search(r"^ \*1\. Thunder on the Hill  score ", out, re.M)  # gold passages are starred
     assert re.search(r"On all 40 bundled questions: recall@2 [\d.]+, recall@5 [\d.]+", out)
+    # a question whose shown scores are out of order says which stages set the order
+    for block in re.split(r"^(?=Q: )", out, flags=re.M)[1:]:
+        scores = [float(x) for x in re.findall(r"^ [ *]\d\. .*  score (\S+)", block, re.M)]
+        assert ("(order: " in block) == any(a < b for a, b in zip(scores, scores[1:])), block
 
 
 # ---------------------------------------------------------------- help
