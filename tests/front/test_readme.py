@@ -190,6 +190,8 @@ def test_examples_run_on_the_sample(small_index_dir, tmp_path, monkeypatch, caps
     runpy.run_path(str(ROOT / "examples" / "recall_on_sample.py"), run_name="__main__")
     out = capsys.readouterr().out
     assert re.search(r"\d+ questions, 60 passages", out) and "recall@5" in out, out
+    # each variant's questions moved against the defaults, and where the defaults were chosen (not on 40 questions)
+    assert len(re.findall(r"\[\+\d+/-\d+ @2, \+\d+/-\d+ @5\]$", out, re.M)) == 4 and "docs/QUALITY.md" in out, out
     cut = write_jsonl(tmp_path / "cut.jsonl", small_passages()[:20])
     monkeypatch.setattr(sys, "argv", ["update_index.py", "--corpus", str(cut), "--out", str(tmp_path / "grown")])
     runpy.run_path(str(ROOT / "examples" / "update_index.py"), run_name="__main__")
