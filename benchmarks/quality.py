@@ -36,6 +36,9 @@ from linearrag_torch.answers.scoring import answer_in_context, normalize_answer 
 from linearrag_torch.queries import EncodedQueries, Retrieved  # noqa: E402
 
 TOP_K = 10
+DATA_SETS_HINT = ("the data sets are not in the repository: each is a folder with corpus.jsonl and questions.jsonl "
+                  "(2wiki, hotpotqa_train100, musique_dev200 from the public HippoRAG / LinearRAG / MuSiQue releases; "
+                  "docs/benchmarks/quality.md, 'Data sets', says where and how)")
 RECALL_KS = (1, 2, 5, 10)
 HOP_KS = (2, 5, 10)  # per-hop recall: is the gold passage at position j of supporting_ids in the top k
 AIC_K = 5
@@ -451,9 +454,9 @@ def plot(path: Path, systems: dict, dataset: str):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", required=True, type=Path, nargs="+",
+    ap.add_argument("--data", type=Path, nargs="+",
                     help="folder(s) with corpus.jsonl and questions.jsonl; several run one after the other, "
-                         "with results per set and a summary table")
+                         "with results per set and a summary table (" + DATA_SETS_HINT + ")")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--png", type=Path, help="write the recall@k plot here")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"index cache folder (default {DEFAULT_CACHE})")
@@ -470,6 +473,8 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS), metavar="SYSTEM",
                     help=f"systems to run (default all): {', '.join(SYSTEMS)}")
     args = ap.parse_args(argv)
+    if not args.data:  # argparse's "the following arguments are required" would not say where the data are
+        ap.error(f"give --data DIR [DIR ...]: {DATA_SETS_HINT}")
     for data in args.data:
         for p in (data / "corpus.jsonl", data / "questions.jsonl"):
             if not p.is_file():

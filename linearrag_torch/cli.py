@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -9,7 +10,7 @@ import time
 from pathlib import Path
 
 from . import __version__, env
-from .cli_common import open_index_dir, print_hits, question_items, retrieval_settings, snippet
+from .cli_common import check_output_dir, count, open_index_dir, order_note, print_hits, question_items, retrieval_settings, sizes, snippet
 from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig, add_flags
 
 
@@ -118,7 +119,7 @@ def parser() -> argparse.ArgumentParser:
                     choices=IndexConfig.__dataclass_fields__["embedding_dtype"].metadata["choices"],
                     help=IndexConfig.__dataclass_fields__["embedding_dtype"].metadata["help"])
 
-    q = sub.add_parser("query", help="answer questions from an index",
+    q = sub.add_parser("query", help="retrieve: rank the passages of an index for questions",
                        description="Rank passages for each question (arguments, or --questions FILE.jsonl).")
     q.add_argument("index_dir", metavar="INDEX_DIR")
     q.add_argument("question", nargs="*", help="question text(s)")
@@ -175,7 +176,7 @@ def parser() -> argparse.ArgumentParser:
     add_llm_flags(an)
     _add_settings(an, stored=True)
 
-    d = sub.add_parser("demo", help="index the bundled sample corpus and answer its multi-hop questions",
+    d = sub.add_parser("demo", help="index the bundled sample corpus and show the passages found for its multi-hop questions",
                        description="Index a few hundred bundled 2WikiMultiHopQA passages (cached after the first run) "
                                    "and show, for each bundled question, the passages found and the entities that bridged them.")
     d.add_argument("--top-k", type=int, default=3, help="passages shown per question (default %(default)s)")
@@ -192,6 +193,7 @@ def cmd_index(args) -> int:
     from .api import LinearRAG
 
     t0 = time.perf_counter()
+    check_output_dir(args.index_dir)  # not after minutes of indexing
     cfg = _retrieval_config(args, RetrievalConfig())
     icfg = IndexConfig(**{name: getattr(args, name) for name in args.index_fields})
     from contextlib import nullcontext
@@ -210,7 +212,7 @@ def cmd_index(args) -> int:
             rag = LinearRAG.build(args.corpus, index_config=icfg, config=cfg, device=args.device, progress=not args.quiet)
         rag.save(args.index_dir)
     s = rag.index.summary()
-    print(f"indexed {s['passages']} passages, {s['sentences']} sentences, {s['entities']} entities "
+    print(f"indexed {sizes(s)} "
           f"(nnz M {s['nnz_M']}, C {s['nnz_C']}, N {s['nnz_N']}) into {args.index_dir} "
           f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0
@@ -230,11 +232,12 @@ def _update_index(index_dir: str, device: str, change, verb: str, preposition: s
         change(rag)
         rag.save(path)
     after = rag.index.summary()
-    growth = ", ".join(f"{after[k] - before[k]:+d} {k}" for k in ("sentences", "entities"))
+    growth = ", ".join(f"{'+' if d >= 0 else '-'}{count(abs(d), noun, plural)}" for d, noun, plural in (
+        (after["sentences"] - before["sentences"], "sentence", None),
+        (after["entities"] - before["entities"], "entity", "entities")))
     n = abs(after["passages"] - before["passages"])
-    print(f"{verb} {n} passages ({growth}) {preposition} {index_dir}: now {after['passages']} passages, "
-          f"{after['sentences']} sentences, {after['entities']} entities in {time.perf_counter() - t0:.1f} s",
-          file=sys.stderr)
+    print(f"{verb} {count(n, 'passage')} ({growth}) {preposition} {index_dir}: now {sizes(after)} "
+          f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0
 
 
@@ -299,6 +302,7 @@ def cmd_convert(args) -> int:
     def folder_bytes(p: Path) -> int:
         return sum(f.stat().st_size for f in p.iterdir() if f.is_file())
 
+    check_output_dir(out)
     size_before = folder_bytes(src)
     make_dirs(out)
     with index_lock(out):  # OUT_DIR: one writer; INDEX_DIR too when they are the same folder
@@ -306,17 +310,26 @@ def cmd_convert(args) -> int:
         before = index.index_config.embedding_dtype
         index.with_embedding_dtype(args.embedding_dtype).save(out)
     n = max(index.num_passages, 1)
-    print(f"converted {index.num_passages} passages from {before} ({size_before / n:,.0f} bytes per passage) to "
+    print(f"converted {count(index.num_passages, 'passage')} from {before} ({size_before / n:,.0f} bytes per passage) to "
           f"{args.embedding_dtype} ({folder_bytes(out) / n:,.0f} bytes per passage) "
           f"{'in place in ' + str(out) if same else 'into ' + str(out)} in {time.perf_counter() - t0:.1f} s",
           file=sys.stderr)
     return 0
 
 
+def _require_encoder_backend(backend: str) -> None:
+    """--encoder-backend onnx without the [onnx] extra: one line naming it, before the index loads."""
+    if backend == "onnx":
+        from .extras import require
+
+        require("onnx", "onnxruntime", "onnx", what="--encoder-backend onnx")
+
+
 def cmd_query(args) -> int:
     from .api import LinearRAG
 
     items = question_items(args)
+    _require_encoder_backend(args.encoder_backend)
     if args.ner_processes < 0:
         raise SystemExit(f"linearrag query: error: --ner-processes must be >= 0, got {args.ner_processes}")
     if args.shards:
@@ -340,8 +353,26 @@ def cmd_query(args) -> int:
             results += rag.search([it["question"] for it in chunk], top_k=args.top_k, backend=args.backend)
     finally:
         rag.close()
-    print_hits(items, results, args.json)
+    print_hits(items, results, args.json, order_note(rag.config.replace(top_k=args.top_k)))
     return 0
+
+
+def _check_port(host: str, port: int) -> None:
+    """A clear error now when HOST:PORT cannot be bound (in use, say): the server binds it only after the index
+    has loaded, and uvicorn then fails with its own traceback (Errno 98). The port is bound as uvicorn binds it
+    (SO_REUSEADDR: a port whose last connections linger in TIME_WAIT is free) and released at once."""
+    if port == 0:  # any free port
+        return
+    import socket
+
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(addr)
+    except OSError as exc:
+        hint = " (another server? choose another --port)" if exc.errno == errno.EADDRINUSE else ""
+        raise ValueError(f"cannot serve on {host}:{port}: {exc.strerror or exc}{hint}") from None
 
 
 def cmd_serve(args) -> int:
@@ -358,6 +389,9 @@ def cmd_serve(args) -> int:
     if not ray_settings.ray and ray_settings != RaySettings():
         raise ValueError("the Ray Serve settings (--replicas, --autoscale, ...) need --ray")
     open_index_dir(args.index_dir)  # a clear error now for a folder that holds no index
+    _require_encoder_backend(getattr(args, "encoder_backend", "torch"))
+    if not (ray_settings.ray and ray_settings.ray_address):  # a remote cluster's nodes bind it, not this one
+        _check_port(args.host, args.port)
     llm = None
     if args.llm_base_url or args.llm_model or env.LLM_BASE_URL.get():
         from .answers.generation import LLMError, llm_from_args
@@ -387,7 +421,9 @@ def cmd_answer(args) -> int:
 
     items = question_items(args)
     try:
-        llm = llm_from_args(args)  # a missing URL or model fails before the index loads
+        # a missing URL or model fails before the index loads; a retry says what it waits for and how long
+        llm = llm_from_args(args, notify=lambda line: print(f"linearrag answer: waiting: {line}", file=sys.stderr,
+                                                             flush=True))
         rag = LinearRAG.load(args.index_dir, device=args.device)
         rag.config = _retrieval_config(args, rag.config)
         hits = []
@@ -406,8 +442,8 @@ def cmd_answer(args) -> int:
             print(f"  A: {a.answer}" + ("" if a.marker_found else "  (no 'Answer:' line: the whole reply)"))
             print("  from: " + "; ".join(f"[{p.id}] {p.title or snippet(p.text, 40)}" for p in a.passages))
     spent = sum(a.usage.get("total_tokens", 0) for a in answers if not a.cached)
-    print(f"answered {len(answers)} questions with {llm.model}: {sum(a.cached for a in answers)} replies from the "
-          f"cache, {spent} tokens spent", file=sys.stderr)
+    print(f"answered {count(len(answers), 'question')} with {llm.model}: {count(sum(a.cached for a in answers), 'reply', 'replies')} "
+          f"from the cache, {count(spent, 'token')} spent", file=sys.stderr)
     return 0
 
 
@@ -427,6 +463,7 @@ def main(argv=None) -> int:
     env.offline_by_default()
     args = parser().parse_args(argv)
     from .corpus import InputError
+    from .extras import MissingExtra
     from .retrieval.memory import keep_freed_memory
 
     keep_freed_memory()  # this process is ours: reuse freed memory instead of faulting it in again
@@ -439,7 +476,7 @@ def main(argv=None) -> int:
         commands["answer"] = cmd_answer
         commands["train-reranker"] = cmd_train_reranker
         return commands[args.command](args)
-    except (InputError, IndexFormatError, RerankerLoadError, ValueError, FileNotFoundError, OSError) as exc:
+    except (InputError, IndexFormatError, RerankerLoadError, MissingExtra, ValueError, FileNotFoundError, OSError) as exc:
         print(f"linearrag {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

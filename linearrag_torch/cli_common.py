@@ -21,6 +21,22 @@ def open_index_dir(index_dir: str):
     return path
 
 
+def check_output_dir(path) -> None:
+    """A clear error (ValueError) before any work when folder ``path`` cannot be written: it, or a folder above
+    it, is a file, or its nearest existing folder is read-only. Checked before indexing, not when the index is
+    saved after minutes of work."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if p.exists() and not p.is_dir():
+        what = "is a file" if p == Path(path) else f"cannot be made: {p} is a file"
+        raise ValueError(f"{path} {what}, not a folder (give a new folder, or an index folder to replace)")
+    import os
+
+    if not os.access(p if p.exists() else ".", os.W_OK | os.X_OK):
+        raise ValueError(f"{path}: cannot write to {p} (permission denied)")
+
+
 def question_items(args) -> list[dict]:
     """The questions of `query` / `answer`: the QUESTION arguments, then those of --questions FILE.jsonl."""
     from .corpus import read_questions
@@ -33,8 +49,31 @@ def question_items(args) -> list[dict]:
     return items
 
 
-def print_hits(items: list, results: list, as_json: bool) -> None:
-    """What `linearrag query` prints: per question its hits (api.Hit), as text or JSON lines."""
+def order_note(cfg) -> str | None:
+    """Which stages set the first places, for RetrievalConfig ``cfg``, printed where the scores are out of
+    order (which would otherwise look like a bug). Two stages reorder without rescoring: the chain rounds
+    (chain.py) keep each earlier round's top ``chain_keep`` passages, with that round's scores, ahead of the next
+    round's ranking (a PageRank of other seeds, on its own scale), and the pair rerank (pairs.py) gives places
+    1-2 to the best pair of the top ``pair_candidates`` and leaves each its own score. None where neither runs
+    (the learned rerank orders by the fused scores it prints)."""
+    if cfg is None or cfg.rerank or cfg.mode != "reference":
+        return None
+    parts = []
+    if cfg.chain_passages > 0:
+        kept = cfg.chain_keep * cfg.chain_rounds
+        places = "place 1" if kept == 1 else f"places 1-{kept}"
+        parts.append(f"{places} kept from the first round{'s' if cfg.chain_rounds > 1 else ''} ahead of the last "
+                     "round's ranking")
+    if cfg.pair_candidates >= 2:
+        parts.append(f"then places 1-2 the pair rerank's best pair of the top {cfg.pair_candidates}")
+    if not parts:
+        return None
+    return "order: " + "; ".join(parts) + "; each score is its own round's, so a lower one can come first"
+
+
+def print_hits(items: list, results: list, as_json: bool, note: str | None = None) -> None:
+    """What `linearrag query` prints: per question its hits (api.Hit), as text or JSON lines. ``note``
+    (order_note): printed under a question whose scores are out of order, which would otherwise look like a bug."""
     for it, hits in zip(items, results):
         if as_json:
             print(json.dumps({"id": it["id"], "question": it["question"],
@@ -43,6 +82,18 @@ def print_hits(items: list, results: list, as_json: bool) -> None:
             print(f"Q {it['id']}: {it['question']}")
             for rank, h in enumerate(hits, 1):
                 print(f"  {rank}. [{h.id}] {h.title or snippet(h.text, 60)}  score {h.score:.4g}")
+            if note and any(a.score < b.score for a, b in zip(hits, hits[1:])):
+                print(f"     ({note})")
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """"1 passage", "2 passages", "1 entity" (with ``plural`` "entities"): the counts the commands print."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
+def sizes(summary: dict) -> str:
+    """"N passages, N sentences, N entities" of an index summary (TriGraphIndex.summary)."""
+    return ", ".join(count(summary[k], k[:-1] if k != "entities" else "entity", k) for k in ("passages", "sentences", "entities"))
 
 
 def snippet(text: str, n: int) -> str:

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from . import env
+from .cli_common import order_note, sizes
 from .data import sample_corpus_path, sample_questions as demo_questions
 from .index import IndexFormatError
 
@@ -31,12 +32,13 @@ def run_demo(args) -> int:
         rag = LinearRAG.build(corpus, device=args.device)
         rag.save(index_dir)
         s = rag.index.summary()
-        print(f"  {s['passages']} passages, {s['sentences']} sentences, {s['entities']} entities "
+        print(f"  {sizes(s)} "
               f"in {time.perf_counter() - t0:.1f} s; saved to {index_dir}", file=sys.stderr)
 
     questions = demo_questions()
     shown = questions[: max(0, args.questions)]
     t0 = time.perf_counter()
+    later_rounds = False  # a hit shown was found by a later round: the legend says what that means
     explained = rag.explain([q["question"] for q in shown], top_k=args.top_k)
     for q, ex in zip(shown, explained):
         gold = set(q["supporting_ids"])
@@ -46,20 +48,31 @@ def run_demo(args) -> int:
         else:
             print("   seeds: " + ", ".join(f"{name} ({score:.2f})" for name, score in ex["seeds"]))
         pair = ex.get("pair_ranks")
-        if pair and tuple(pair) != (1, 2):
-            print(f"   the first two: the best pair of the top five, ranked {pair[0]} and {pair[1]} before (pairs.py)")
+        if pair and tuple(pair) != (1, 2):  # why a lower score can come second
+            print(f"   places 1-2: the pair rerank's best pair of the top {rag.config.pair_candidates}, ranked "
+                  f"{pair[0]} and {pair[1]} by score before it (pairs.py); each keeps its own score")
+        # the round that found each hit: a later round's scores are its own PageRank's, on another scale
+        found = {f["id"]: f["round"] for f in ex.get("found") or []}
         for rank, (hit, ents) in enumerate(ex["hits"], 1):
             mark = "*" if hit.id in gold else " "
-            print(f" {mark}{rank}. {hit.title}  score {hit.score:.4f}")
+            later = found.get(hit.id) or 1
+            later_rounds |= later > 1
+            print(f" {mark}{rank}. {hit.title}  score {hit.score:.4f}" + (f"  (found by round {later})" if later > 1 else ""))
             if ents:  # the activated entities this passage contains, strongest first
                 ents = sorted(ents, key=lambda x: -x[2])
-                shown = [f"{n} ({'seed' if t == 1 else f'hop {t - 1}'})" for n, t, _ in ents[:6]]
+                names = [f"{n} ({'seed' if t == 1 else f'hop {t - 1}'})" for n, t, _ in ents[:6]]
                 more = f" and {len(ents) - 6} more" if len(ents) > 6 else ""
-                print("      entities: " + ", ".join(shown) + more)
+                print("      entities: " + ", ".join(names) + more)
+        note = order_note(rag.config)
+        if note and any(a.score < b.score for (a, _), (b, _) in zip(ex["hits"], ex["hits"][1:])):
+            print(f"   ({note})")  # the stages that set this order, not a bug
     all_hits = rag.search([q["question"] for q in questions], top_k=5)
     dt = time.perf_counter() - t0
     r2 = sum(len(set(q["supporting_ids"]) & {h.id for h in hits[:2]}) / len(q["supporting_ids"]) for q, hits in zip(questions, all_hits))
     r5 = sum(len(set(q["supporting_ids"]) & {h.id for h in hits[:5]}) / len(q["supporting_ids"]) for q, hits in zip(questions, all_hits))
+    if later_rounds:
+        print("\n(found by round 2): a passage the second round found from the entities of the first round's top "
+              "passages; its score is that round's, on its own scale")
     print(f"\n* = gold supporting passage. On all {len(questions)} bundled questions: "
           f"recall@2 {100 * r2 / len(questions):.1f}, recall@5 {100 * r5 / len(questions):.1f} "
           f"({rag.config.mode} mode, device {rag.device}, {dt:.1f} s for the questions)")

@@ -151,12 +151,16 @@ class LLM:
     request. max_retries: further attempts after a 429 / 5xx / timeout / connection failure (waits
     backoff * 2**attempt seconds with jitter, at most max_backoff, or the server's Retry-After).
     concurrency: requests in flight at once in chat_many. cache: a path, a ResponseCache, None/"off"
-    (no cache) or, by default, $LINEARRAG_LLM_CACHE or ~/.cache/linearrag_torch/llm_cache.sqlite.
+    (no cache) or, by default, $LINEARRAG_LLM_CACHE or ~/.cache/linearrag_torch/llm_cache.sqlite. notify: called
+    with one line before a retry's wait (what failed, how long the wait and the waits left are), once per
+    failure and attempt however many requests meet it; `linearrag answer` prints it, so that a refused
+    connection is not a silent pause of up to ``backoff * (2**max_retries - 1)`` seconds.
     """
 
     def __init__(self, base_url: str | None = None, model: str | None = None, api_key: str | None = None, *,
                  timeout: float = 60.0, max_retries: int = 4, concurrency: int = 8, temperature: float = 0.0,
-                 max_tokens: int | None = 512, cache=_DEFAULT, backoff: float = 1.0, max_backoff: float = 30.0):
+                 max_tokens: int | None = 512, cache=_DEFAULT, backoff: float = 1.0, max_backoff: float = 30.0,
+                 notify=None):
         require_gen_extra()  # before any work: `linearrag answer` names the missing extra, not a traceback later
         self.base_url = base_url or env.LLM_BASE_URL.get() or env.OPENAI_BASE_URL.get()
         self.model = model or env.LLM_MODEL.get()
@@ -174,6 +178,8 @@ class LLM:
         self.url = self.base_url.rstrip("/") + "/chat/completions"
         self._client = None
         self._client_lock = threading.Lock()
+        self.notify = notify
+        self._notified: set = set()  # (failure, attempt) already reported through notify
 
     def __repr__(self) -> str:  # never shows the key
         return f"LLM(base_url={self.base_url!r}, model={self.model!r}, cache={getattr(self.cache, 'path', None)!s})"
@@ -182,7 +188,7 @@ class LLM:
         """The same endpoint settings, key and cache for another model (and/or URL), e.g. a judge."""
         return LLM(base_url or self.base_url, model or self.model, self._api_key, timeout=self.timeout,
                    max_retries=self.max_retries, concurrency=self.concurrency, cache=self.cache,
-                   backoff=self.backoff, max_backoff=self.max_backoff, **self.settings)
+                   backoff=self.backoff, max_backoff=self.max_backoff, notify=self.notify, **self.settings)
 
     @property
     def client(self):
@@ -220,6 +226,7 @@ class LLM:
         client = self.client
         kwargs = {k: v for k, v in settings.items() if v is not None}
         attempt = 0
+        t0 = time.monotonic()
         while True:
             attempt += 1
             retry_after = None
@@ -243,12 +250,30 @@ class LLM:
             else:
                 return (*_parse_completion(resp, self.url), attempt)
             if attempt > self.max_retries:
-                raise LLMError(f"LLM endpoint {self.url}: {problem} (gave up after {attempt} attempts)",
-                               status, self.url)
+                hint = ""
+                if problem.startswith("connection failed"):
+                    hint = (f"; nothing answers at {self.base_url}: start the server there, or give another URL "
+                            f"(--llm-base-url or ${ENV_BASE_URL})")
+                raise LLMError(f"LLM endpoint {self.url}: {problem} (gave up after {attempt} attempts in "
+                               f"{time.monotonic() - t0:.0f} s){hint}", status, self.url)
             delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
             if retry_after is not None:
                 delay = min(self.max_backoff, max(delay, retry_after))
+            self._tell(problem, attempt, delay)
             time.sleep(delay)
+
+    def _tell(self, problem: str, attempt: int, delay: float) -> None:
+        """notify(one line) before the wait of retry ``attempt``, once per failure and attempt."""
+        if self.notify is None:
+            return
+        with self._client_lock:
+            if (problem, attempt) in self._notified:
+                return
+            self._notified.add((problem, attempt))
+        later = sum(min(self.max_backoff, self.backoff * 2 ** (a - 1)) for a in range(attempt + 1, self.max_retries + 1))
+        self.notify(f"LLM endpoint {self.url}: {problem}; attempt {attempt + 1} of {self.max_retries + 1} in "
+                    f"{delay:.1f} s" + (f" (then waits of up to {later:.0f} s more before giving up)" if later else
+                                        " (the last)"))
 
     # ------------------------------------------------------------------ many requests
     def chat_many(self, conversations: list[list[dict]], **settings) -> list[ChatReply]:
@@ -488,9 +513,10 @@ def add_llm_flags(p, judge: bool = False) -> None:
         g.add_argument("--no-judge", action="store_true", help="skip the LLM-judge accuracy")
 
 
-def llm_from_args(args) -> LLM:
-    """An LLM from the add_llm_flags flags (raises LLMError when the URL or the model is missing)."""
+def llm_from_args(args, notify=None) -> LLM:
+    """An LLM from the add_llm_flags flags (raises LLMError when the URL or the model is missing); ``notify``:
+    LLM's (the command line prints its retry notices)."""
     cache = None if args.no_llm_cache else (args.llm_cache or _DEFAULT)
     return LLM(args.llm_base_url, args.llm_model, args.llm_api_key, timeout=args.llm_timeout,
                max_retries=args.llm_max_retries, concurrency=args.llm_concurrency, temperature=args.llm_temperature,
-               max_tokens=args.llm_max_tokens, cache=cache)
+               max_tokens=args.llm_max_tokens, cache=cache, notify=notify)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import sys
 import time
 import uuid
@@ -48,8 +49,12 @@ def write(path: Path, tensors: dict, strings: dict, fields: dict) -> None:
     tmp = path / f"index.json.{tag}.tmp"
     try:
         # new names: until index.json names them, these files are invisible to readers
-        save_file(tensors, str(path / files["tensors"]))
         (path / files["strings"]).write_text(json.dumps(strings, ensure_ascii=False), encoding="utf-8")
+        save_file(tensors, str(path / files["tensors"]))
+        # safetensors writes through a private temporary file (mode 0600): an index built by one user could not
+        # be served by another. Give it the mode every other file here has, which the process's umask set
+        # (read from the strings file just written, not from os.umask(), which would change it for all threads)
+        os.chmod(path / files["tensors"], stat.S_IMODE((path / files["strings"]).stat().st_mode))
         manifest = {}
         for f in files.values():
             fsync(path / f)

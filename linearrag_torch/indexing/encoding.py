@@ -207,8 +207,11 @@ class Encoder:
             if self.device.type != "cpu" or quantize is not None or self.precision != "float32":
                 raise ValueError(f"the onnx encoder backend runs float32 on the CPU (asked: device {self.device}, "
                                  f"precision {self.precision}, quantize {quantize})")
+            from .. import extras
             from . import onnx_encoder
 
+            # before the export, which would fail pages deep in torch.onnx without the onnx package
+            extras.require("onnx", "onnxruntime", "onnx", what="the onnx encoder backend")
             self._session = onnx_encoder.session(onnx_encoder.exported_model(folder))
 
     def with_precision(self, precision: str) -> "Encoder":

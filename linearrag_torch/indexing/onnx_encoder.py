@@ -28,7 +28,6 @@ from .. import env
 
 EXPORT_VERSION = 1  # bump when the export changes: old files are then exported again
 PROBE_TOLERANCE = 1e-4  # largest |onnx - torch| of a hidden state accepted from a fresh export
-EXTRA_HINT = 'pip install -e ".[onnx]" (onnxruntime and onnx)'
 
 
 def cache_dir() -> Path:
@@ -36,10 +35,11 @@ def cache_dir() -> Path:
 
 
 def _runtime():
-    try:
-        import onnxruntime
-    except ImportError:
-        raise ImportError(f"the onnx encoder backend needs ONNX Runtime: {EXTRA_HINT}") from None
+    from .. import extras
+
+    extras.require("onnx", "onnxruntime", what="the onnx encoder backend")
+    import onnxruntime
+
     return onnxruntime
 
 

@@ -15,6 +15,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from .. import extras
+
+extras.require("haystack", "haystack", what="the Haystack retriever")  # one line naming the extra, not a ModuleNotFoundError
+
 from haystack import Document, component, default_from_dict, default_to_dict
 from haystack.utils import Secret, deserialize_secrets_inplace
 

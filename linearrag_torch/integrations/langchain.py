@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from .. import extras
+
+extras.require("langchain", "langchain_core", what="the LangChain retriever")  # one line naming the extra, not a ModuleNotFoundError
+
 from langchain_core.callbacks import AsyncCallbackManager, CallbackManager
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever

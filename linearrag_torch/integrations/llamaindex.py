@@ -12,6 +12,10 @@ with the LinearRAG score. Usable wherever LlamaIndex takes a retriever (e.g.
 """
 from __future__ import annotations
 
+from .. import extras
+
+extras.require("llamaindex", "llama_index.core", what="the LlamaIndex retriever")  # one line naming the extra, not a ModuleNotFoundError
+
 from llama_index.core.retrievers import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 

@@ -1,6 +1,7 @@
 """Answers through a real HTTP chat-completions server (tests/scripted_servers.py) and the official
 openai client: retries, timeouts, the disk cache, concurrency, error messages, parsing, the CLI."""
 import json
+import re
 import time
 
 import pytest
@@ -83,7 +84,7 @@ def test_500_exhausting_retries_names_url_and_status(chat):
         answer_batch(HITS, ["q?"], make_llm(chat, max_retries=2))
     msg = str(info.value)
     assert msg == (f"LLM endpoint {chat.base_url}/chat/completions: HTTP 500: backend exploded "
-                   "(gave up after 3 attempts)")
+                   "(gave up after 3 attempts in 0 s)")
     assert info.value.status == 500 and len(chat.chat_requests) == 3
 
 
@@ -272,14 +273,47 @@ def test_cli_answer_json_cache_and_errors(chat, small_index_dir, shared_models, 
     assert all(len(r["passages"]) == 2 and r["marker_found"] for r in rows)
     assert "0 replies from the cache, 120 tokens spent" in err and "sk-from-env" not in out + err
     rc, out, err = run_cli(capsys, "answer", small_index_dir, QUESTION, "--top-k", 2, *common)  # text, cached
-    assert rc == 0 and "A: London" in out and "1 replies from the cache, 0 tokens spent" in err
+    assert rc == 0 and "A: London" in out and "1 reply from the cache, 0 tokens spent" in err
     assert len(chat.chat_requests) == 2
 
     chat.responder = lambda body: ("status", 503, {"error": {"message": "overloaded"}})
     rc, out, err = run_cli(capsys, "answer", small_index_dir, "Another question?", *common, "--llm-max-retries", 1)
     assert rc == 2 and out == ""
-    assert err.strip() == (f"linearrag answer: error: LLM endpoint {chat.base_url}/chat/completions: HTTP 503: "
-                           "overloaded (gave up after 2 attempts)")
+    url = re.escape(f"{chat.base_url}/chat/completions")
+    waiting, error = err.strip().splitlines()  # what it waits for, then one line when it gives up
+    assert re.fullmatch(rf"linearrag answer: waiting: LLM endpoint {url}: HTTP 503: overloaded; attempt 2 of 2 in "
+                        r"\d\.\d s \(the last\)", waiting), waiting
+    assert re.fullmatch(rf"linearrag answer: error: LLM endpoint {url}: HTTP 503: overloaded \(gave up after 2 "
+                        r"attempts in \d+ s\)", error), error
+
+
+def test_cli_answer_against_a_refused_endpoint_says_what_it_waits_for(small_index_dir, shared_models, capsys,
+                                                                      tmp_path):
+    """Nothing listens at the URL: before each wait a line says what failed, how long the wait is and how long
+    the waits left can be (it was silent for ~19 s), then one line gives up and says what to do; exit 2,
+    nothing on stdout, nothing cached."""
+    import socket
+
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = f"http://127.0.0.1:{port}/v1"
+    cache = tmp_path / "c.sqlite"
+    rc, out, err = run_cli(capsys, "answer", small_index_dir, QUESTION, "--llm-base-url", base, "--llm-model", "m",
+                           "--device", "cpu", "--llm-cache", cache, "--llm-max-retries", 2)
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 3, err
+    url = re.escape(f"{base}/chat/completions")
+    assert re.fullmatch(rf"linearrag answer: waiting: LLM endpoint {url}: connection failed \(.+\); attempt 2 of 3 "
+                        r"in \d\.\d s \(then waits of up to 2 s more before giving up\)", lines[0]), lines[0]
+    assert re.fullmatch(rf"linearrag answer: waiting: .*; attempt 3 of 3 in \d\.\d s \(the last\)", lines[1]), lines[1]
+    assert re.fullmatch(rf"linearrag answer: error: LLM endpoint {url}: connection failed \(.+\) \(gave up after 3 "
+                        rf"attempts in \d+ s\); nothing answers at {re.escape(base)}: start the server there, or give "
+                        r"another URL \(--llm-base-url or \$LINEARRAG_LLM_BASE_URL\)", lines[2]), lines[2]
+    from linearrag_torch.answers.generation import ResponseCache
+
+    assert not cache.exists() or len(ResponseCache(cache)) == 0
 
 
 def test_cli_answer_without_endpoint_exits_2(small_index_dir, capsys, monkeypatch):

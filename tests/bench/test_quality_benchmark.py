@@ -36,3 +36,23 @@ def test_one_run_over_two_data_folders(tmp_path, small_corpus, small_questions, 
     printed = capsys.readouterr().out
     assert "summary: recall@2 / @5 / @10" in printed, printed[-3000:]
     assert "per hop" in printed
+
+
+def test_without_data_it_says_where_the_data_sets_are(capsys):
+    """No --data: not argparse's bare "required", but one line saying what the data are and where the docs say how
+    to get them (the README's benchmark line points there too); exit 2."""
+    import re
+    from pathlib import Path
+
+    from benchmarks import quality
+
+    with pytest.raises(SystemExit) as info:
+        quality.main([])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    message = err.strip().splitlines()[-1]
+    assert "--data" in message and "corpus.jsonl and questions.jsonl" in message and "docs/benchmarks/quality.md" in message
+    root = Path(__file__).resolve().parents[2]
+    assert "### Data sets" in (root / "docs/benchmarks/quality.md").read_text()
+    readme = (root / "README.md").read_text()
+    assert re.search(r"python -m benchmarks\.quality[^\n]*\n(.*\n){0,3}.*docs/benchmarks/quality\.md#data-sets", readme)

@@ -194,7 +194,7 @@ def test_query_readable_output(tiny_index, capsys):
     rc, out, err = run(capsys, "query", tiny_index, *qs, "--top-k", "4", "--device", "cpu")
     assert rc == 0, err
     want = query_json(capsys, tiny_index, *qs, "--top-k", "4")
-    lines = out.splitlines()
+    lines = [l for l in out.splitlines() if not l.startswith("     (order: ")]  # the note on scores out of order
     assert len(lines) == 2 * (1 + 4)
     for b, res in enumerate(want):
         block = lines[b * 5:(b + 1) * 5]
@@ -204,6 +204,35 @@ def test_query_readable_output(tiny_index, capsys):
             assert m, line
             assert int(m.group(1)) == rank and m.group(2) == h["id"] and m.group(3) == h["title"]
             assert float(m.group(4)) == pytest.approx(h["score"], rel=1e-3)
+
+
+def test_scores_out_of_order_carry_a_note_naming_the_pair_rerank(small_index_dir, capsys, tmp_path):
+    """The pair rerank gives places 1-2 to a pair and leaves their scores: where the printed scores are out of
+    order a note under the question says which stage set the order; in order (or without the pair rerank, which
+    leaves the scores in order) no note."""
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps({"question": q["question"]}) + "\n" for q in demo_questions()))
+
+    def blocks(*flags):
+        rc, out, err = run(capsys, "query", small_index_dir, "--questions", questions, "--device", "cpu", *flags)
+        assert rc == 0, err
+        return [b.splitlines() for b in re.split(r"^(?=Q )", out, flags=re.M) if b]
+
+    inverted = 0
+    for block in blocks():
+        scores = [float(m.group(1)) for m in (re.search(r"  score (\S+)$", l) for l in block) if m]
+        out_of_order = any(a < b for a, b in zip(scores, scores[1:]))
+        notes = [l for l in block if l.startswith("     (order: ")]
+        assert notes == (["     (order: place 1 kept from the first round ahead of the last round's ranking; then "
+                          "places 1-2 the pair rerank's best pair of the top 5; each score is its own round's, so a "
+                          "lower one can come first)"] if out_of_order else []), block
+        inverted += out_of_order
+    assert inverted, "no question with its scores out of order: the note is untested"
+    for block in blocks("--pair-candidates", "0"):  # the chain round alone: its note does not name the pair rerank
+        assert not any("pair rerank" in l for l in block), block
+    for block in blocks("--pair-candidates", "0", "--chain-passages", "0"):  # one round, no pairs: in score order
+        scores = [float(m.group(1)) for m in (re.search(r"  score (\S+)$", l) for l in block) if m]
+        assert scores == sorted(scores, reverse=True) and not any("(order: " in l for l in block), block
 
 
 # ---------------------------------------------------------------- errors (exit status 2, message on stderr)
@@ -267,6 +296,74 @@ def test_bad_corpus_names_file_and_line(capsys, tmp_path):
     assert not (out_dir / "index.json").exists()
 
 
+@pytest.mark.parametrize("where", ["a file", "a folder under a file"])
+def test_index_into_a_file_fails_before_any_work(tiny_corpus, capsys, tmp_path, monkeypatch, where):
+    """OUT an existing file (or below one): one line, exit 2, before the corpus is read or a model loaded,
+    and the file as it was (it used to fail when saving, after the whole build)."""
+    import linearrag_torch.api
+
+    target = tmp_path / "notes.txt"
+    target.write_text("keep me")
+    out = target if where == "a file" else target / "index"
+    work = []
+    monkeypatch.setattr(linearrag_torch.api.LinearRAG, "build", classmethod(lambda cls, *a, **k: work.append(a)))
+    monkeypatch.setattr(models, "load_nlp", lambda cfg: work.append("nlp"))
+    rc, stdout, err = run(capsys, "index", tiny_corpus, out, "--quiet", "--device", "cpu")
+    assert_error(rc, stdout, err, str(out), "is a file" if where == "a file" else f"{target} is a file")
+    assert err.count("\n") == 1 and work == []
+    assert target.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("hidden", ["onnxruntime", "onnx"])
+def test_onnx_backend_without_its_extra_is_one_line(tiny_index, capsys, monkeypatch, hidden):
+    """--encoder-backend onnx without the [onnx] extra (simulated: the import fails): one line naming the extra,
+    exit 2, before the index loads (it was a 40-line traceback from the export)."""
+    import linearrag_torch.api
+
+    monkeypatch.setitem(sys.modules, hidden, None)
+    monkeypatch.setattr(linearrag_torch.api.LinearRAG, "load", classmethod(lambda cls, *a, **k: pytest.fail("loaded")))
+    rc, out, err = run(capsys, "query", tiny_index, "Who?", "--encoder-backend", "onnx", "--device", "cpu")
+    assert_error(rc, out, err, "--encoder-backend onnx", hidden, 'pip install -e ".[onnx]"')
+    assert err.count("\n") == 1, err
+
+
+def test_serve_on_a_port_in_use_is_one_line_before_the_index_loads(tiny_index, capsys, monkeypatch):
+    """The port is checked before the index loads: one line naming it, exit 2 (it was uvicorn's Errno 98
+    traceback after the load)."""
+    import socket
+
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    import linearrag_torch.serve.app as app
+
+    monkeypatch.setattr(app, "serve", lambda *a, **k: pytest.fail("the server started"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        rc, out, err = run(capsys, "serve", tiny_index, "--port", port)
+    assert_error(rc, out, err, f"127.0.0.1:{port}", "in use")
+    assert err.count("\n") == 1, err
+
+
+def test_counts_read_as_english():
+    from linearrag_torch.cli_common import count, sizes
+
+    assert [count(n, "passage") for n in (0, 1, 2, 1234)] == ["0 passages", "1 passage", "2 passages", "1,234 passages"]
+    assert count(1, "entity", "entities") == "1 entity" and count(3, "reply", "replies") == "3 replies"
+    assert sizes({"passages": 1, "sentences": 1, "entities": 2}) == "1 passage, 1 sentence, 2 entities"
+
+
+def test_adding_one_passage_says_one_passage(tiny_index, capsys, tmp_path):
+    folder = tmp_path / "grown"
+    shutil.copytree(tiny_index, folder)
+    more = write_jsonl(tmp_path / "one.jsonl", [{"id": "new1", "text": "Zorblat Quux was born in Nowhere."}])
+    rc, _, err = run(capsys, "add", folder, more, "--quiet", "--device", "cpu")
+    assert rc == 0, err
+    assert re.match(r"added 1 passage \(\+\d+ sentences?, \+\d+ entit(y|ies)\) to ", err), err
+    assert re.search(r"now 11 passages, ", err) and "1 sentences" not in err and "1 entities" not in err, err
+
+
 def test_failed_index_leaves_the_existing_index_untouched(tiny_index, capsys, tmp_path):
     folder = tmp_path / "existing"
     shutil.copytree(tiny_index, folder)
@@ -310,6 +407,10 @@ def test_demo_answers_bundled_questions_from_a_cached_index(small_index_dir, cap
     assert "seeds: " in out
     assert re.search(r"^ \*1\. Thunder on the Hill  score ", out, re.M)  # gold passages are starred
     assert re.search(r"On all 40 bundled questions: recall@2 [\d.]+, recall@5 [\d.]+", out)
+    # a question whose shown scores are out of order says which stages set the order
+    for block in re.split(r"^(?=Q: )", out, flags=re.M)[1:]:
+        scores = [float(x) for x in re.findall(r"^ [ *]\d\. .*  score (\S+)", block, re.M)]
+        assert ("(order: " in block) == any(a < b for a, b in zip(scores, scores[1:])), block
 
 
 # ---------------------------------------------------------------- help
@@ -326,6 +427,16 @@ def test_help(capsys, argv, words):
     assert out.startswith("usage: linearrag")
     for w in words:
         assert w in out
+
+
+def test_query_is_described_as_ranking_and_answer_as_answering(capsys):
+    """`query` retrieves, `answer` answers: the command list must not say that query answers questions."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    line = {l.split()[0]: l for l in out.splitlines() if l.startswith("    ") and l.split()}
+    assert "answer" not in line["query"] and "rank" in line["query"], line["query"]
+    assert "answer" in line["answer"]
 
 
 def test_usage_errors_exit_2(capsys):

@@ -131,6 +131,22 @@ def test_second_save_replaces_the_first_and_leaves_no_stale_files(tmp_path):
     assert_same_index(second_ix, TriGraphIndex.load(path))
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_every_index_file_has_the_mode_the_umask_gives(tmp_path, umask):
+    """An index built by one user can be served by another: no file of the folder is private unless the
+    umask says so (safetensors' own temporary file is 0600 whatever the umask)."""
+    import os
+    import stat
+
+    old = os.umask(umask)
+    try:
+        path = sample_index(passages=5, entities=6).save(tmp_path / "idx")
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in path.iterdir()}
+    assert len(modes) == 3 and modes == dict.fromkeys(modes, 0o666 & ~umask), {k: oct(v) for k, v in modes.items()}
+
+
 def test_save_creates_missing_parent_folders(tmp_path):
     ix = sample_index(passages=5, entities=6)
     path = ix.save(tmp_path / "a" / "b" / "idx")
