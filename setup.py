@@ -1,7 +1,9 @@
 from setuptools import find_packages, setup
 
 EXTRAS = {
-    "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.7"],  # the benchmark scripts are tested too
+    # matplotlib: the benchmark scripts are tested too; schemathesis: the server's OpenAPI contract
+    # (tests/serve/test_openapi_contract.py, which also needs the serve extra and skips without it)
+    "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.7", "schemathesis>=4"],
     # `linearrag serve`: ASGI app, server, metrics; httpx is the HTTP client of the tests, benchmarks and adapters
     # fastapi-offline: the /docs page's scripts and styles, served by the server itself (no CDN)
     "serve": ["fastapi>=0.110", "uvicorn>=0.29", "prometheus-client>=0.20", "httpx>=0.27", "fastapi-offline>=1.7"],

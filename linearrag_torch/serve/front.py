@@ -15,17 +15,20 @@ import logging
 import math
 import os
 import time
+from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Security
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.security import HTTPBearer
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
+from . import schemas
 from .admission import Admission
 from .engine_host import ReloadRefused
 from .metrics import CONTENT_TYPE_LATEST
-from .schemas import SearchResponse, cut_echo, hit_dict, search_request_model
+from .schemas import AnswerResponse, HealthOut, ReloadOut, SearchResponse, cut_echo, hit_dict, search_request_model
 
 log = logging.getLogger("linearrag.serve")
 
@@ -35,8 +38,8 @@ class HTTPError(Exception):
         self.status, self.detail, self.reason, self.headers = status, detail, reason, headers or {}
 
 
-REQUEST_ID_HEADER = "x-request-id"  # a client's own id (printable, at most 64 characters) is kept, else one is made
-DEADLINE_HEADER = "x-request-timeout"  # seconds the client waits for its answer (at most the server's --timeout)
+REQUEST_ID_HEADER = schemas.REQUEST_ID_HEADER.lower()  # X-Request-ID: the client's (printable, <= 64 chars) or new
+DEADLINE_HEADER = schemas.DEADLINE_HEADER.lower()  # X-Request-Timeout: seconds the client waits for its answer
 SEARCH_ROUTES = ("/v1/search", "/v1/answer")
 _ADMITTED = "linearrag.admitted"  # scope["state"] key: the request's place, taken by EarlyAdmission
 _REQUEST_ID = "linearrag.request_id"
@@ -306,7 +309,6 @@ class HTTPFront:
     def _make_router(self) -> APIRouter:
         router = APIRouter()
         svc = self
-        auth_doc = {"401": {"description": "missing or wrong API key"}} if self.settings.api_key else {}
 
         async def guarded(route: str, request: Request, work):
             t0 = time.perf_counter()
@@ -334,26 +336,31 @@ class HTTPFront:
                 if own:
                     place.release()
 
+        s = self.settings
+        # the OpenAPI document says what the routes do (schemas.py; tests/serve/test_openapi_contract.py fuzzes the
+        # server against it): the body's rule and limits, every status with its body and headers, the real media
+        # types. With an API key, the routes declare HTTP bearer security: the dependency only documents it
+        # (auto_error=False: it refuses nothing; _auth checks the key, in constant time)
+        secured = {"dependencies": [Security(HTTPBearer(auto_error=False, description="the server's --api-key"))]} \
+            if s.api_key else {}
+        body = {"requestBody": {"required": True, "description": f"at most {s.max_body_bytes} bytes of JSON (413)",
+                                "content": {"application/json": {"schema": schemas.request_schema(self.SearchRequest)}}},
+                "parameters": schemas.request_parameters(s)}
+        described = {"description": schemas.search_description(s), "openapi_extra": body}
+
         @router.post("/v1/search", response_model=SearchResponse, summary="Top-k passages for each question",
-                     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-                         "schema": self.SearchRequest.model_json_schema()}}}},
-                     responses={**auth_doc, "413": {"description": "body too large"},
-                                "422": {"description": "invalid body (the field is named)"},
-                                "429": {"description": "too many requests in flight (see Retry-After)"},
-                                "503": {"description": "index not loaded yet"},
-                                "504": {"description": "not answered within the timeout"}})
+                     responses=schemas.responses("search", s), **described, **secured)
         async def search(request: Request):
             return await guarded("/v1/search", request, lambda: admitted(request, svc.search))
 
-        @router.post("/v1/answer", summary="An answer from the chat model over each question's top-k passages",
-                     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-                         "schema": self.SearchRequest.model_json_schema()}}}},
-                     responses={**auth_doc, "502": {"description": "the chat model's endpoint failed (URL and status)"},
-                                "503": {"description": "index not loaded yet, or no chat model configured"}})
+        @router.post("/v1/answer", response_model=AnswerResponse,
+                     summary="An answer from the chat model over each question's top-k passages",
+                     responses=schemas.responses("answer", s), **described, **secured)
         async def answer(request: Request):
             return await guarded("/v1/answer", request, lambda: admitted(request, svc.answer))
 
-        @router.get("/health", summary="200 when the index and models are loaded, else 503")
+        @router.get("/health", response_model=HealthOut, summary="200 when the index and models are loaded, else 503",
+                    responses={"503": {"model": HealthOut, "description": "the index is loading, or failed to load"}})
         async def health():
             host = svc.host
             if host.ready:
@@ -361,21 +368,25 @@ class HTTPFront:
             status = "failed" if host.load_error else "loading"
             return JSONResponse({"status": status, "detail": host.load_error}, status_code=503)
 
-        @router.get("/info", summary="index counts, settings, device, version, memory")
+        @router.get("/info", response_model=dict[str, Any], summary="index counts, settings, device, version, memory",
+                    responses=schemas.responses("info", s), **secured)
         async def info(request: Request):
             async def work():
                 return await svc.info()
             return await guarded("/info", request, work)
 
-        @router.get("/metrics", summary="Prometheus metrics")
+        @router.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics",
+                    description=f"the Prometheus text exposition format ({CONTENT_TYPE_LATEST})",
+                    responses=schemas.responses("metrics", s), **secured)
         async def metrics(request: Request):
             async def work():
                 svc.metrics.queued.set(svc.host.queued)
                 return Response(svc.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
             return await guarded("/metrics", request, work)
 
-        @router.post("/admin/reload", summary="load INDEX_DIR again and swap it in with no failed request",
-                     responses={"409": {"description": "the new index was refused; the old one keeps serving"}})
+        @router.post("/admin/reload", response_model=ReloadOut,
+                     summary="load INDEX_DIR again and swap it in with no failed request",
+                     responses=schemas.responses("reload", s), **secured)
         async def reload(request: Request):
             async def work():
                 try:
