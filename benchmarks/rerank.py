@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     ap.add_argument("--png", type=Path, help="write the plot here")
     args = ap.parse_args(argv)
     check_data_folders(args.data, ap.error)
-    cfg = RetrievalConfig().replace(reranker=args.reranker or "")
+    cfg = RetrievalConfig().replace(reranker=args.reranker or "", rerank_loop_candidates=0)  # the final list alone
     results = {"config": cfg.to_dict(), "candidates": args.candidates, "datasets": {}, "cost_ms_per_question": {},
                "date": time.strftime("%Y-%m-%d"), "torch_threads": torch.get_num_threads()}
     for data in args.data:

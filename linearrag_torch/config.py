@@ -76,7 +76,8 @@ class RetrievalConfig:
                              "its score fused with the graph's")
     rerank_candidates: int = _f(5, "graph candidates the reranker rescores per question (hits after them keep the "
                                           "graph's order)")
-    rerank_loop_candidates: int = _f(0, "with rerank and a chain: the reranker also reorders this many of each round's "
+    # chosen on the reranker's held-out training questions (benchmarks/rerank_loop.py --train; docs/reranker.md)
+    rerank_loop_candidates: int = _f(5, "with rerank and a chain: the reranker also reorders this many of each round's "
                                         "top passages but the last's, and the chain takes its sources and kept "
                                         "passages from that order (0: only the final list is reranked)")
     reranker_precision: str = _f("float32", "what the reranker runs in: float32, bfloat16 (autocast), int8 (dynamically "

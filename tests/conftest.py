@@ -42,7 +42,8 @@ SLOW_MODULES = {
 
 # Single tests of the other modules that run a program end to end or start processes (benchmark programs, NER worker
 # processes, a server process drained by SIGTERM, a writer killed mid-write, a filled disk, the example scripts, the
-# Triton interpreter, a fresh half-precision build, sentence-transformers as the encoder's oracle): slow too, by
+# Triton interpreter, a fresh half-precision build, sentence-transformers as the encoder's oracle, the README's
+# commands and snippets run as written, bf16 builds, which a CPU without native bf16 emulates): slow too, by
 # name, so that the README's test command stays within 5 minutes on 2 cores. `-m slow` runs them (CI does).
 SLOW_TESTS = {
     "test_overload_and_soak_benchmark_modes_end_to_end", "test_serve_benchmark_end_to_end",
@@ -54,6 +55,10 @@ SLOW_TESTS = {
     "test_a_full_disk_during_add_delete_or_index_is_a_clear_error_and_changes_nothing",
     "test_examples_run_on_the_sample", "test_triton_kernels_in_the_interpreter_match_the_fallbacks",
     "test_conversion_equals_a_fresh_half_build", "test_encoder_equals_sentence_transformers",
+    "test_readme_commands_run_as_written", "test_readme_python_snippets_run_as_written",
+    "test_questions_are_float32_and_add_encodes_in_the_index_precision", "test_auto_is_stored_resolved",
+    "test_index_and_query_with_a_local_sentence_transformers_folder",
+    "test_the_loop_reads_the_host_as_often_for_any_batch",
 }
 
 
@@ -185,3 +190,37 @@ def assert_pair_moved(got: list, plain: list, candidates: int = 5) -> None:
     front = list(got[:2])
     assert set(front) <= set(plain[:candidates]) and sorted(front, key=plain.index) == front, (got, plain)
     assert list(got[2:]) == [x for x in plain if x not in front][:len(got) - 2], (got, plain)
+
+
+# ------------------------------------------------------------------ tiny cross-encoders (tests/rerank)
+@pytest.fixture(scope="session")
+def tiny_base(tmp_path_factory):
+    """A 2-layer, 32-wide BERT with the packaged MiniLM's tokenizer, randomly initialised (seed 0)."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from linearrag_torch.rerank.model import packaged_base_folder
+
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    torch.manual_seed(0)
+    BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                         max_position_embeddings=128)).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(str(packaged_base_folder())).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_reranker_dir(tiny_base, tmp_path_factory):
+    """A saved reranker folder with the tiny BERT (random weights, float32) and a fusion that mixes all three
+    terms, so that the order it gives differs from the graph's."""
+    import torch
+
+    from linearrag_torch.rerank import RerankerSettings
+    from linearrag_torch.rerank.model import base_cross_encoder, save_model
+
+    model, tok = base_cross_encoder(tiny_base, seed=5)
+    torch.nn.init.normal_(model.head.weight, std=1.0)
+    folder = tmp_path_factory.mktemp("tiny_reranker") / "model"
+    save_model(model.eval(), tok, RerankerSettings(max_length=64, question_tokens=24, w_model=3.0, w_rank=-0.3,
+                                                   w_score=0.2), folder, half=False)
+    return folder

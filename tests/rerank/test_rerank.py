@@ -225,7 +225,9 @@ def _by_hand(rag, reranker_dir, questions, k_candidates, top_k):
 def test_engine_rerank_equals_the_order_computed_by_hand(small_rag, small_questions, tiny_reranker_dir):
     qs = [q["question"] for q in small_questions]
     want = _by_hand(small_rag, tiny_reranker_dir, qs, k_candidates=6, top_k=8)
-    got = small_rag.search(qs, top_k=8, rerank=True, rerank_candidates=6, reranker=str(tiny_reranker_dir))
+    # the final list's rerank alone (the reranker in the loop: test_stages.py)
+    got = small_rag.search(qs, top_k=8, rerank=True, rerank_candidates=6, reranker=str(tiny_reranker_dir),
+                           rerank_loop_candidates=0)
     assert [[h.row for h in hits] for hits in got] == want
     plain = small_rag.search(qs, top_k=8)
     assert any([h.row for h in a] != [h.row for h in b] for a, b in zip(got, plain))  # the rerank changed something
@@ -264,9 +266,11 @@ def test_chain_aware_rerank_reads_the_top_passage_as_context(small_rag, small_qu
                                                                                            1e-6), 1.0))
                  for i, (lg, h) in enumerate(zip(logits, hits))]
         want.append([hits[i].row for i in sorted(range(len(hits)), key=lambda i: -fused[i])])
-    got = small_rag.search(qs, top_k=6, rerank=True, rerank_candidates=6, reranker=str(tiny_chain_reranker_dir))
+    got = small_rag.search(qs, top_k=6, rerank=True, rerank_candidates=6, reranker=str(tiny_chain_reranker_dir),
+                           rerank_loop_candidates=0)
     assert [[h.row for h in hits] for hits in got] == want
-    cfg = small_rag.config.replace(rerank=True, reranker=str(tiny_chain_reranker_dir), top_k=6, rerank_candidates=6)
+    cfg = small_rag.config.replace(rerank=True, reranker=str(tiny_chain_reranker_dir), top_k=6, rerank_candidates=6,
+                                   rerank_loop_candidates=0)
     enc = small_rag.encode_queries(qs, cfg)
     together = small_rag.retrieve(enc, cfg)
     for b, q in enumerate(qs):  # a question's result does not depend on its batch

@@ -16,7 +16,8 @@ from linearrag_torch.retrieval import chain, engine, rerank_stage, stages
     ({"mode": "paper"}, ["round 1", "top-k"]),  # paper mode: one round, no pairs
     ({"chain_passages": 0, "pair_candidates": 0}, ["round 1", "top-k"]),
     ({"chain_rounds": 2}, ["round 1", "round 2", "round 3", "pairs", "top-k"]),
-    ({"rerank": True}, ["round 1", "round 2", "pairs", "rerank", "top-k"]),
+    ({"rerank": True}, ["round 1", "rerank 1", "round 2", "pairs", "rerank", "top-k"]),  # the loop by default
+    ({"rerank": True, "rerank_loop_candidates": 0}, ["round 1", "round 2", "pairs", "rerank", "top-k"]),
     ({"rerank": True, "rerank_loop_candidates": 5, "chain_rounds": 2},
      ["round 1", "rerank 1", "round 2", "rerank 2", "round 3", "pairs", "rerank", "top-k"]),
     ({"rerank_loop_candidates": 5}, ["round 1", "round 2", "pairs", "top-k"]),  # no loop without rerank
