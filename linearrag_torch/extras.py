@@ -2,8 +2,6 @@
 when a part is used without it, instead of a ModuleNotFoundError from deep inside (or a traceback pages long)."""
 from __future__ import annotations
 
-import importlib
-
 
 class MissingExtra(ImportError):
     """An optional part used without its extra installed. An ImportError, so that code which tries an optional
@@ -21,7 +19,7 @@ def require(extra: str, *modules: str, what: str) -> None:
     one with sys.modules[name] = None."""
     for name in modules:
         try:
-            importlib.import_module(name)
+            __import__(name)  # through builtins.__import__, as the import statement that follows goes
         except ImportError as exc:  # noqa: PERF203
             raise MissingExtra(f"{what} needs the '{extra}' extra ({name} cannot be imported): "
                                f"{install_hint(extra)}") from exc

@@ -254,8 +254,8 @@ class LLM:
                 if problem.startswith("connection failed"):
                     hint = (f"; nothing answers at {self.base_url}: start the server there, or give another URL "
                             f"(--llm-base-url or ${ENV_BASE_URL})")
-                raise LLMError(f"LLM endpoint {self.url}: {problem} (gave up after {attempt} attempts in "
-                               f"{time.monotonic() - t0:.0f} s){hint}", status, self.url)
+                raise LLMError(f"LLM endpoint {self.url}: {problem} (gave up after {attempt} "
+                               f"attempt{'' if attempt == 1 else 's'} in {time.monotonic() - t0:.0f} s){hint}", status, self.url)
             delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
             if retry_after is not None:
                 delay = min(self.max_backoff, max(delay, retry_after))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from .. import env
 from ..cli import parser
-from ..cli_common import print_hits, question_items, retrieval_settings
-from .launch import init_group, query_job
+from ..cli_common import order_note, print_hits, question_items, retrieval_settings
+from .launch import init_group, query_config, query_job, stored_config
 
 
 def main(argv=None) -> int:
@@ -28,7 +28,8 @@ def main(argv=None) -> int:
 
         td.destroy_process_group()
     if rank == 0:
-        print_hits(items, hits, args.json)
+        cfg = query_config(stored_config(args.index_dir), retrieval_settings(args), args.top_k, args.reference_code)
+        print_hits(items, hits, args.json, order_note(cfg))
     return 0
 
 

@@ -10,7 +10,7 @@ import time
 import torch
 
 from .. import env
-from ..cli_common import open_index_dir, print_hits, retrieval_settings
+from ..cli_common import open_index_dir, order_note, print_hits, retrieval_settings
 from ..config import RetrievalConfig
 from ..queries import EncodedQueries, Retrieved
 from .comm import Comm
@@ -107,6 +107,22 @@ def run_local(world: int, fn, args=(), device: str = "cpu", timeout_s: float = 6
 # ------------------------------------------------------------------------------------------- the query job
 
 
+def query_config(base: RetrievalConfig, overrides: dict, top_k=None, reference_code: bool = False) -> RetrievalConfig:
+    """The settings a sharded query runs with: the index's stored ``base`` (or the reference code's), then the
+    command line's ``overrides`` and ``top_k``."""
+    if reference_code:
+        base = RetrievalConfig.reference_code(top_k=base.top_k)
+    return base.replace(**overrides).replace(top_k=top_k)
+
+
+def stored_config(index_dir) -> RetrievalConfig:
+    """The retrieval settings stored in index folder ``index_dir`` (its index.json), read without its tensors."""
+    import json
+    from pathlib import Path
+
+    return RetrievalConfig.from_dict(json.loads((Path(index_dir) / "index.json").read_text())["retrieval_config"])
+
+
 def query_job(comm: Comm, index_dir: str, questions: list, overrides: dict, top_k=None, batch_size: int = 256,
               reference_code: bool = False, threads: int | None = None, device: str = "auto",
               quantize: str | None = None, encoder_backend: str = "torch"):
@@ -122,10 +138,7 @@ def query_job(comm: Comm, index_dir: str, questions: list, overrides: dict, top_
     set_threads(threads)
     dev = env.device_for(comm.rank, device)
     index = TriGraphIndex.load(index_dir, device="cpu")
-    base = index.retrieval_config
-    if reference_code:
-        base = RetrievalConfig.reference_code(top_k=base.top_k)
-    cfg = base.replace(**overrides).replace(top_k=top_k)
+    cfg = query_config(index.retrieval_config, overrides, top_k, reference_code)
     shard = Shard.build(index, comm.rank, comm.world, dev)
     qindex = QuestionIndex(index) if comm.rank == 0 else None
     del index
@@ -159,7 +172,8 @@ def cmd_query_sharded(args, items: list) -> int:
                          device=device, timeout_s=float(env.SHARD_TIMEOUT.get()))[0]
     except RuntimeError as exc:
         raise ValueError(str(exc).splitlines()[0]) from None
-    print_hits(items, hits, args.json)
+    cfg = query_config(stored_config(args.index_dir), retrieval_settings(args), args.top_k, args.reference_code)
+    print_hits(items, hits, args.json, order_note(cfg))
     return 0
 
 
