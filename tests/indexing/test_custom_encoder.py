@@ -1,6 +1,6 @@
 """`--encoder FOLDER` takes any local sentence-transformers folder (mean pooling, normalised), e.g. the paper's
-all-mpnet-base-v2: checked on a tiny stand-in folder (a 2-layer BERT with random weights and MiniLM's tokenizer,
-laid out as sentence-transformers saves a model), its vectors against transformers' BertModel by hand."""
+all-mpnet-base-v2: checked on a tiny stand-in folder (conftest's 2-layer BERT with random weights and MiniLM's
+tokenizer, laid out as sentence-transformers saves a model), its vectors against transformers' BertModel by hand."""
 import json
 
 import pytest
@@ -9,24 +9,21 @@ import torch
 from conftest import demo_corpus, write_jsonl
 from linearrag_torch import LinearRAG
 from linearrag_torch.cli import main
-from linearrag_torch.rerank.model import packaged_base_folder
 
 
 @pytest.fixture(scope="module")
-def tiny_st_folder(tmp_path_factory):
-    from transformers import AutoTokenizer, BertConfig, BertModel
+def tiny_st_folder(tiny_base, tmp_path_factory):
+    """A copy of the tiny BERT (conftest.tiny_base) laid out as sentence-transformers saves a model."""
+    import shutil
 
-    folder = tmp_path_factory.mktemp("tiny_st")
-    torch.manual_seed(1)
-    BertModel(BertConfig(hidden_size=48, num_hidden_layers=2, num_attention_heads=2, intermediate_size=96,
-                         max_position_embeddings=256)).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(str(packaged_base_folder())).save_pretrained(folder)
+    folder = tmp_path_factory.mktemp("tiny_st") / "model"
+    shutil.copytree(tiny_base, folder)
     (folder / "modules.json").write_text(json.dumps([
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
         {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
     (folder / "1_Pooling").mkdir()
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 48,
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32,
                                                                   "pooling_mode_mean_tokens": True}))
     return folder
 
@@ -37,7 +34,7 @@ def by_hand(folder, texts):
 
     tok = AutoTokenizer.from_pretrained(str(folder))
     model = AutoModel.from_pretrained(str(folder)).eval()
-    enc = tok(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+    enc = tok(texts, padding=True, truncation=True, max_length=128, return_tensors="pt")
     with torch.no_grad():
         h = model(**enc).last_hidden_state
     m = enc["attention_mask"].unsqueeze(-1).float()
@@ -48,10 +45,10 @@ def test_index_and_query_with_a_local_sentence_transformers_folder(tiny_st_folde
     passages = demo_corpus()[:8]
     corpus = write_jsonl(tmp_path / "c.jsonl", passages)
     out = tmp_path / "index"
-    assert main(["index", str(corpus), str(out), "--encoder", str(tiny_st_folder), "--quiet", "--device", "cpu",
-                 "--encoder-precision", "float32"]) == 0
+    assert main(["index", str(corpus), str(out), "--encoder", str(tiny_st_folder), "--max-length", "128", "--quiet",
+                 "--device", "cpu", "--encoder-precision", "float32"]) == 0
     rag = LinearRAG.load(out, device="cpu")
-    assert rag.index.dim == 48 and rag.index.index_config.encoder == str(tiny_st_folder)
+    assert rag.index.dim == 32 and rag.index.index_config.encoder == str(tiny_st_folder)
     texts = [rag.index.passage_text(i) for i in range(rag.index.num_passages)]
     want = by_hand(tiny_st_folder, texts)
     assert torch.allclose(rag.index.passage_emb.float(), want, atol=2e-5)
