@@ -277,7 +277,7 @@ class ShardedEngine:
 
     # ---------------------------------------------------------------------------------------- one round
     def _one_round(self, queries: EncodedQueries, cfg: RetrievalConfig) -> Retrieved:
-        sh, comm = self.shard, self.comm
+        sh = self.shard
         B, dev = queries.batch_size, sh.device
         sim = cosines(sh.passage_emb, queries.query_emb)  # [P_r, B]
         act = self.activate(queries, cfg)

@@ -130,13 +130,6 @@ class HTTPFront:
             raise self._overloaded(*refused)
         return Place(self, deadline)
 
-    def refuse_if_busy(self) -> None:
-        """503 before the index is ready, 429 (with Retry-After) when a request would be refused now."""
-        self._check_ready()
-        refused = self.admission.refusal(self.settings.timeout)
-        if refused is not None:
-            raise self._overloaded(*refused)
-
     @staticmethod
     def _overloaded(why: str, retry_after: int) -> HTTPError:
         return HTTPError(429, f"{why}; retry after {retry_after} s", "overloaded", {"Retry-After": str(retry_after)})
