@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 
 MODES = ("paper", "reference")
 QUESTION_NER = ("always", "fallback", "off")
+RERANKER_PRECISIONS = ("auto", "float32", "bfloat16", "int8")  # rerank.scoring.resolve_precision
 
 
 def _f(default, help: str, **meta):
@@ -83,7 +84,7 @@ class RetrievalConfig:
     reranker_precision: str = _f("float32", "what the reranker runs in: float32, bfloat16 (autocast), int8 (dynamically "
                                             "quantised Linear layers, CPU) or auto (bfloat16 where the device has "
                                             "native bf16, else float32)",
-                                 choices=("auto", "float32", "bfloat16", "int8"))
+                                 choices=RERANKER_PRECISIONS)
     reranker: str = _f("", "reranker folder from `linearrag train-reranker` (empty: the model shipped with the "
                            "package)")
 
@@ -123,8 +124,8 @@ class RetrievalConfig:
                              "lexicon_seeds")
         if self.rerank_candidates < 1:
             raise ValueError(f"rerank_candidates must be >= 1, got {self.rerank_candidates}")
-        if self.reranker_precision not in ("auto", "float32", "bfloat16", "int8"):
-            raise ValueError(f"reranker_precision must be auto, float32, bfloat16 or int8, got {self.reranker_precision!r}")
+        if self.reranker_precision not in RERANKER_PRECISIONS:
+            raise ValueError(f"reranker_precision must be one of {RERANKER_PRECISIONS}, got {self.reranker_precision!r}")
         if self.rerank_loop_candidates < 0:
             raise ValueError(f"rerank_loop_candidates must be >= 0, got {self.rerank_loop_candidates}")
         if not -1.0 <= self.chain_prior_floor <= 1.0:

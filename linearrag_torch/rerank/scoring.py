@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..config import RERANKER_PRECISIONS
 from .model import RerankerSettings, load_model
 
 
@@ -123,9 +124,6 @@ def fuse(settings: RerankerSettings, logits: torch.Tensor, graph_scores: torch.T
     ratio = torch.where(top > 0, graph_scores / top.clamp(min=1e-30), torch.zeros_like(graph_scores))
     return (settings.w_model * logits + settings.w_rank * torch.log1p(ranks)
             + settings.w_score * torch.log(ratio.clamp(min=1e-6, max=1.0)))
-
-
-RERANKER_PRECISIONS = ("auto", "float32", "bfloat16", "int8")
 
 
 def resolve_precision(precision: str, device) -> str:

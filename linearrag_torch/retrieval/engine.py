@@ -28,6 +28,7 @@ from .memory import default_chunk_budget
 from .pagerank import PPRGraph, passage_reset_entries, personalized_pagerank
 from ..queries import EncodedQueries, Retrieved
 from .sparse import ColumnEntries
+from .stages import LocalChain
 
 # bytes of working memory one question needs (see DeviceGraph.bytes_per_question): per passage, the
 # [P, B] float32 state (cosines, eq. 7 terms, the PageRank reset, iterate and buffer, scores, top-k);
@@ -296,26 +297,20 @@ def _ordinary(value):
     return value
 
 
-class TorchBackend:
+class TorchBackend(LocalChain):
     """The torch engine's operations for the stage list (stages.Backend) on one DeviceGraph."""
 
     def __init__(self, graph: DeviceGraph, memory_budget: int | None = None):
         self.graph = graph
         self.memory_budget = memory_budget
 
+    @property
+    def tables(self):
+        return self.graph.chain_tables
+
     def round(self, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool):
         res = graph_round(self.graph, queries, cfg, trace, self.memory_budget)
         return res if trace else (res, None)
-
-    def chain_seeds(self, queries, ranking, source, cfg):
-        from .chain import chain_seeds
-
-        return chain_seeds(self.graph.chain_tables, queries, ranking, source, cfg)
-
-    def later_queries(self, queries, seeds, cfg):
-        from .chain import later_queries
-
-        return later_queries(self.graph.chain_tables, queries, seeds, cfg)
 
     def pair_rerank(self, queries, ranking, cfg):
         return self.graph.pair_rerank(queries, ranking, cfg)

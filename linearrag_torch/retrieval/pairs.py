@@ -36,11 +36,6 @@ def enabled(cfg: RetrievalConfig) -> bool:
     return cfg.pair_candidates >= 2 and cfg.mode == "reference"
 
 
-def deeper(cfg: RetrievalConfig) -> RetrievalConfig:
-    """The settings of the ranking under the rerank: at least pair_candidates passages, no rerank itself."""
-    return cfg.replace(top_k=max(cfg.top_k, cfg.pair_candidates), pair_candidates=0)
-
-
 def link_entities(passages_with: torch.Tensor, max_passages: int) -> torch.Tensor:
     """bool per entity: the entities that link a pair, those found in 1 .. max_passages passages of the index
     (``passages_with``: each entity's passage count, e.g. torch.bincount of C's columns)."""

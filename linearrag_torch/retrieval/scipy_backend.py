@@ -23,6 +23,7 @@ import torch
 
 from ..config import RetrievalConfig
 from ..queries import EncodedQueries, Retrieved
+from .stages import LocalChain, run as run_stages
 
 if TYPE_CHECKING:
     from ..index import TriGraphIndex
@@ -195,10 +196,10 @@ def prepare(index: TriGraphIndex, config: RetrievalConfig) -> dict:
     }
 
 
-class ScipyBackend:
+class ScipyBackend(LocalChain):
     """The reference's operations for the stage list (stages.Backend): rounds with numpy/scipy one question at a
-    time, the chain on CPU tensors, the learned rerank by ``reranker`` (a function of the config giving (Reranker,
-    its PassageTokens of this index); default: the reranker loaded on the CPU)."""
+    time, the chain on CPU tensors, the learned rerank by ``reranker``: a function of the config giving (Reranker,
+    its PassageTokens of this index), as LinearRAG.retrieve passes (the reranker of its device graph)."""
 
     def __init__(self, index: TriGraphIndex, prepared: dict, reranker=None):
         self.index, self.prepared, self._reranker = index, prepared, reranker
@@ -216,32 +217,16 @@ class ScipyBackend:
             raise ValueError("the scipy backend keeps no trace; use the torch engine for explain")
         return one_round(self.index, queries, cfg, self.prepared), None
 
-    def chain_seeds(self, queries, ranking, source, cfg):
-        from .chain import chain_seeds
-
-        return chain_seeds(self.tables, queries, ranking, source, cfg)
-
-    def later_queries(self, queries, seeds, cfg):
-        from .chain import later_queries
-
-        return later_queries(self.tables, queries, seeds, cfg)
-
     def pair_rerank(self, queries, ranking, cfg):
         return pair_rerank(self.index, queries, ranking, cfg, self.prepared["passage_emb"])
 
     def learned_rerank(self, queries, ranking, cfg, candidates):
         from . import rerank_stage
 
-        if self._reranker is not None:
-            reranker, passages = self._reranker(cfg)
-        else:
-            from ..rerank import Reranker
-
-            key = ("reranker", cfg.reranker, cfg.reranker_precision)
-            if key not in self.prepared:
-                self.prepared[key] = Reranker.load(cfg.reranker or None, "cpu", precision=cfg.reranker_precision)
-            reranker = self.prepared[key]
-            passages = reranker.passage_tokens(self.index)
+        if self._reranker is None:
+            raise ValueError("rerank=True on the scipy backend needs its reranker: use LinearRAG.retrieve(..., "
+                             "backend='scipy') or pass scipy_backend.retrieve(..., reranker=...)")
+        reranker, passages = self._reranker(cfg)
         out, rr = rerank_stage.apply(reranker, passages, queries, ranking, candidates)
         return Retrieved(out.indices.cpu(), out.scores.cpu()), rr
 
@@ -260,11 +245,10 @@ def retrieve(index: TriGraphIndex, queries: EncodedQueries, config: RetrievalCon
     numpy/scipy, k = min(config.top_k, P): the stage list of ``config`` (stages.plan: graph rounds, the chain,
     the pair rerank, the learned rerank) with this backend's rounds. ``prepared``: prepare(index, config), if
     already made; ``reranker``: see ScipyBackend."""
-    from . import stages
 
     if prepared is None or prepared["adjacent_passages"] != config.adjacent_passages:
         prepared = prepare(index, config)
-    return stages.run(ScipyBackend(index, prepared, reranker), queries.to("cpu"), config, timings=timings)
+    return run_stages(ScipyBackend(index, prepared, reranker), queries.to("cpu"), config, timings=timings)
 
 
 def one_round(index: TriGraphIndex, queries: EncodedQueries, config: RetrievalConfig, prepared: dict) -> Retrieved:

@@ -61,6 +61,17 @@ class Backend(Protocol):
         """The whole index's entity names (for the trace)."""
 
 
+class LocalChain:
+    """Backend.chain_seeds and Backend.later_queries for a backend whose ``tables`` (chain.ChainTables) hold the
+    whole index (the torch engine, the scipy reference; a shard exchanges instead)."""
+
+    def chain_seeds(self, queries, ranking, source, cfg):
+        return chain.chain_seeds(self.tables, queries, ranking, source, cfg)
+
+    def later_queries(self, queries, seeds, cfg):
+        return chain.later_queries(self.tables, queries, seeds, cfg)
+
+
 @dataclass
 class Batch:
     """A batch on its way through the stages.
