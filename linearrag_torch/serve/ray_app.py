@@ -506,12 +506,12 @@ def serve_ray(index_dir, settings: ServeSettings, ray_settings: RaySettings, llm
     import ray
     from ray import serve
 
+    from ..indexing.ray_build import cluster_line, init_quietly, starts_new_cluster
+
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    own_cluster = ray_settings.ray_address is None
-    if own_cluster:
-        ray.init(include_dashboard=False, logging_level=logging.WARNING)
-    else:
-        ray.init(address=ray_settings.ray_address, logging_level=logging.WARNING)
+    own_cluster = starts_new_cluster(ray, ray_settings.ray_address)
+    init_quietly(ray, ray_settings.ray_address, own_cluster)
+    print(cluster_line(ray, own_cluster), file=sys.stderr, flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
