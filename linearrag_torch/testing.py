@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from .retrieval.activation import Activation, dense_seeds, propagate_reference_pairs, seed_pairs
+from .retrieval.activation import Activation, ColumnEntries, dense_seeds, propagate_reference_pairs, seed_pairs
 from .config import RetrievalConfig
 from .retrieval.pagerank import PPRGraph, StepObserver, _finish_reset, passage_reset_entries
-from .retrieval.sparse import ColumnEntries, Csr
+from .index.csr import Csr
 
 
 def sigma_pair(sigma: torch.Tensor):

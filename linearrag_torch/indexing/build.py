@@ -9,7 +9,7 @@ A build is add_passages() to an empty index: the same code appends passages to a
 passages from the stored NER record with the same numbering (_Numbering).
 
 This module orchestrates and holds the graph's formulas (M, PS, C, N); the sparse operations are Csr
-methods (sparse.py), the vectors of new texts come from encoding.embed_texts, and any encoder with
+methods (index/csr.py), the vectors of new texts come from encoding.embed_texts, and any encoder with
 encoding.TextEncoder's three members will do.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ..config import IndexConfig, RetrievalConfig
 from ..corpus import Passage, PassageId, check_new_ids
 from ..index import NER_PARTS, NerRecord, TokenKeys, TriGraphIndex, embedding_dtype, passage_text
 from ..retrieval.pipeline import stage
-from ..retrieval.sparse import Csr
+from ..index.csr import Csr
 from .counting import count_occurrences
 from .encoding import TextEncoder, append_vectors, embed_texts, resolve_precision
 from .nlp import analyse_passages, bind_title

@@ -20,14 +20,13 @@ import torch
 from .. import kernels
 from ..env import native_half
 from . import counting
-from .activation import (Activation, ActivePairs, NearestMemo, dense_seeds, propagate_paper, propagate_reference_pairs,
+from .activation import (Activation, ActivePairs, ColumnEntries, NearestMemo, dense_seeds, propagate_paper, propagate_reference_pairs,
                          seed_pairs)
 from ..config import RetrievalConfig
 from ..index import TriGraphIndex
 from .memory import default_chunk_budget
 from .pagerank import PPRGraph, passage_reset_entries, personalized_pagerank
 from ..queries import EncodedQueries, Retrieved
-from .sparse import ColumnEntries
 from .stages import LocalChain
 
 # bytes of working memory one question needs (see DeviceGraph.bytes_per_question): per passage, the

@@ -10,7 +10,8 @@ import torch
 
 from .. import kernels
 from ..config import RetrievalConfig
-from .sparse import ColumnEntries, Csr
+from ..index.csr import Csr
+from .activation import ColumnEntries
 
 
 def minmax(x: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ from linearrag_torch.retrieval.activation import propagate_paper
 from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.kernels import top_k_per_segment
 from linearrag_torch.retrieval.pagerank import PPRGraph, minmax, personalized_pagerank
-from linearrag_torch.retrieval.sparse import Csr
+from linearrag_torch.index.csr import Csr
 from linearrag_torch.testing import passage_reset, propagate_reference, seed_entities, sigma_pair
 
 # sentences: s0 = {e0, e1}, s1 = {e1, e2}, s2 = {e2}

@@ -5,7 +5,7 @@ import torch
 from linearrag_torch.retrieval import pagerank
 from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.retrieval.pagerank import PPRGraph, personalized_pagerank
-from linearrag_torch.retrieval.sparse import Csr
+from linearrag_torch.index.csr import Csr
 from linearrag_torch.synthetic import random_index
 from linearrag_torch.testing import ChangeTrace
 
