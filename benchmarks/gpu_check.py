@@ -192,7 +192,7 @@ def question_path(device, real_index, batches, log, workers=None) -> dict:
     """Section 5: rag.search end to end and by stage (wall time, synchronised) at each batch size on the index of
     ``real_index()`` (open_index's answer); top-k of the device against the CPU on that index."""
     from linearrag_torch import LinearRAG
-    from linearrag_torch.retrieval.pipeline import StageTimings
+    from linearrag_torch.runtime.tracing import StageTimings
 
     rag, qs, info = real_index()
     cores = os.cpu_count() or 1

@@ -225,7 +225,7 @@ class LinearRAG:
         reuse = self.reuse_index_vectors if reuse_index_vectors is None else reuse_index_vectors
         enc = pipe.encode(questions, ents, reuse, timings)
         if cfg.rerank:  # the reranker's question tokens (host work of the question path, like NER)
-            from .retrieval.pipeline import stage
+            from .runtime.tracing import stage
 
             with stage(timings, "encoder"):
                 enc.rerank_tokens = self.reranker(cfg).question_tokens(list(questions))

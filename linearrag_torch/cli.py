@@ -338,7 +338,7 @@ def cmd_query(args) -> int:
         from .distributed.launch import cmd_query_sharded
 
         return cmd_query_sharded(args, items)
-    from .retrieval.pipeline import set_threads
+    from .runtime.threads import set_threads
 
     set_threads(args.threads)
     rag = LinearRAG.load(args.index_dir, device=args.device, quantize=args.quantize,

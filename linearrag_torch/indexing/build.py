@@ -23,7 +23,7 @@ from .. import models
 from ..config import IndexConfig, RetrievalConfig
 from ..corpus import Passage, PassageId, check_new_ids
 from ..index import NER_PARTS, NerRecord, TokenKeys, TriGraphIndex, embedding_dtype, passage_text
-from ..retrieval.pipeline import stage
+from ..runtime.tracing import stage
 from ..index.csr import Csr
 from .counting import count_occurrences
 from .encoding import TextEncoder, append_vectors, embed_texts, resolve_precision

@@ -19,7 +19,6 @@ import torch
 
 from .. import kernels
 from ..env import native_half
-from . import counting
 from .activation import (Activation, ActivePairs, ColumnEntries, NearestMemo, dense_seeds, propagate_paper, propagate_reference_pairs,
                          seed_pairs)
 from ..config import RetrievalConfig
@@ -27,6 +26,7 @@ from ..index import TriGraphIndex
 from .memory import default_chunk_budget
 from .pagerank import PPRGraph, passage_reset_entries, personalized_pagerank
 from ..queries import EncodedQueries, Retrieved
+from ..runtime import tracing
 from .stages import LocalChain
 
 # bytes of working memory one question needs (see DeviceGraph.bytes_per_question): per passage, the
@@ -237,7 +237,7 @@ class Trace:
     pair_ranks: list | None = None  # per question the ranks (1-based) before the pair rerank of its first two hits
     rerank: object = None  # rerank.Reranked of the rerank stage (rerank_stage.py), None without it
     rounds: list | None = None  # each graph round's own ranking (Retrieved; after its loop rerank), in order
-    # what the batch asked of Python (counting.py; the trace's own diagnostics aside): the values it read back to
+    # what the batch asked of Python (runtime/tracing.py; the trace's own diagnostics aside): the values it read back to
     # the host (on CUDA each waits for the device) and its torch calls, which grow with the PageRank's steps,
     # not with the batch (no step runs per question)
     host_reads: int | None = None
@@ -344,8 +344,8 @@ def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, 
     from . import stages
     from .chain import enabled as chain_enabled
 
-    if trace and counting.active() is None:  # the outermost call of a traced batch counts it
-        with counting.OpCounter() as counter:
+    if trace and tracing.active() is None:  # the outermost call of a traced batch counts it
+        with tracing.OpCounter() as counter:
             out, tr = retrieve(graph, queries, cfg, trace, memory_budget, timings)
         tr.host_reads, tr.torch_calls = counter.host_reads, counter.calls
         return out, tr

@@ -122,7 +122,7 @@ class LocalEngineHost:
         """Start the batcher and load the index in the background (the routes answer 503 until ready)."""
         self._reload_lock = asyncio.Lock()
         if self.settings.threads is not None:
-            from ..retrieval.pipeline import set_threads
+            from ..runtime.threads import set_threads
 
             set_threads(self.settings.threads)  # process-wide: only when asked for
         self.batcher.start()
