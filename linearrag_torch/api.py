@@ -11,7 +11,7 @@ import torch
 
 from . import models
 from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig
-from .corpus import check_question
+from .corpus import check_question, read_passages
 from .env import resolve_device
 from .index import TriGraphIndex
 from .queries import EncodedQueries, Retrieved
@@ -84,17 +84,16 @@ class LinearRAG:
         from .indexing.build import build_index
 
         dev = resolve_device(device)
-        passages = models.read_passages(corpus)  # ids checked here, before any model loads
+        passages = read_passages(corpus)  # ids checked here, before any model loads
         index_config = index_config or IndexConfig()
-        nlp = nlp or models.load_nlp(index_config)
-        given = encoder is not None
-        encoder = encoder or models.load_encoder(index_config, dev)
+        # each model loaded once; questions in float32 (see __init__) with the passages' model, unless the
+        # caller chose the encoder
+        loaded = models.for_index(index_config, dev, nlp, encoder)
         # the index stays on the CPU, as load() keeps it (the engine copies what it needs to ``dev``), and
         # save() writes it from there
-        index = build_index(passages, index_config, config or RetrievalConfig(), device=str(dev),
-                            progress=progress, nlp=nlp, encoder=encoder, ids_checked=True, index_device="cpu")
-        # questions in float32 (see __init__) with the same model, unless the caller chose the encoder
-        return cls(index, dev, nlp, encoder if given else models.with_precision(encoder, "float32"))
+        index = build_index(passages, index_config, config or RetrievalConfig(), device=str(dev), progress=progress,
+                            nlp=loaded.nlp, encoder=loaded.passage_encoder, ids_checked=True, index_device="cpu")
+        return cls(index, dev, loaded.nlp, loaded.question_encoder)
 
     @classmethod
     def load(cls, path, device="auto", quantize: str | None = None, encoder_backend: str = "torch") -> "LinearRAG":
@@ -116,7 +115,7 @@ class LinearRAG:
         its line; the index is then unchanged. Two passages with the same text stay two passages."""
         from .indexing.build import add_passages
 
-        passages = models.read_passages(corpus, first_id=self.index.num_passages, existing_ids=self.index.passage_ids)
+        passages = read_passages(corpus, first_id=self.index.num_passages, existing_ids=self.index.passage_ids)
         self._set_index(add_passages(self.index, passages, progress=progress, nlp=self.nlp,
                                      encoder=self._passage_encoder(), ids_checked=True))
         return self

@@ -101,7 +101,7 @@ def add_passages(
     the build of all passages at once (see docs/METHOD.md, "Updating an index"). N gains the counts of
     every entity in the new passages and of the new entities in the old passages (one Aho-Corasick
     pass over the old texts). Ids must be new (7 and "7" are the same id): ValueError otherwise, unless
-    ``ids_checked`` says the caller has checked them (models.read_passages, before loading any model).
+    ``ids_checked`` says the caller has checked them (corpus.read_passages, before loading any model).
     ``device``: where the encoder is loaded when not given, and where the result goes (default: where
     ``index`` is); ``index_device``, when given, where the result goes instead (LinearRAG.build: the CPU).
     ``analyse``: the NER stage, texts -> one nlp.PassageAnalysis per text (default: nlp.analyse_passages

@@ -438,7 +438,7 @@ def build(corpus, index_config: Optional[IndexConfig] = None, config: Optional[R
     returned LinearRAG answers questions (the index itself is assembled on the CPU). ``timings``: if
     given, receives the seconds of "connect" (Ray and the driver's tokenizer) and of build_index's stages."""
     from ..api import LinearRAG
-    from ..models import read_passages
+    from ..corpus import read_passages
     from .build import build_index
 
     dev = env.resolve_device(device)
@@ -458,7 +458,7 @@ def build(corpus, index_config: Optional[IndexConfig] = None, config: Optional[R
 def add(rag, corpus, options: Optional[RayOptions] = None, progress: bool = True, timings: Optional[dict] = None):
     """rag.add(corpus) with NER and encoding on a Ray cluster; returns ``rag`` (call rag.save() to write).
     ``timings``: as for build()."""
-    from ..models import read_passages
+    from ..corpus import read_passages
     from .build import add_passages
 
     passages = read_passages(corpus, first_id=rag.index.num_passages, existing_ids=rag.index.passage_ids)

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from ..corpus import InputError
-from .model import RerankerSettings, base_cross_encoder, save_model
+from ..models.reranker import RerankerSettings, base_cross_encoder, save_model
 from .options import TrainConfig
 from ..index import passage_text
 from .scoring import (PassageTokens, QuestionTokens, chain_context, fuse, pair_inputs, tokenize_passages,

@@ -103,9 +103,9 @@ class DeviceGraph:
         ``precision`` (rerank.scoring.resolve_precision), loaded once on this graph's device."""
         got = self._rerankers.get((folder, precision))
         if got is None:
-            from ..rerank import Reranker
+            from .. import models
 
-            got = self._rerankers[(folder, precision)] = Reranker.load(folder or None, self.device, precision=precision)
+            got = self._rerankers[(folder, precision)] = models.load_reranker(folder or None, self.device, precision)
         return got
 
     def rerank_passages(self, reranker):
