@@ -163,6 +163,35 @@ class LinearRAG:
         """The NER worker processes (nlp.NERPool) of start_ner_processes, or None."""
         return self._ner_pool
 
+    def detach_ner_pool(self):
+        """Forget the NER worker processes without stopping them (another index took them over: share_models_from);
+        returns them (or None)."""
+        pool, self._ner_pool = self._ner_pool, None
+        return pool
+
+    def share_models_from(self, other: "LinearRAG") -> "LinearRAG":
+        """Use ``other``'s loaded models where this index needs the same ones, instead of loading them again: its
+        question encoder (same encoder and max_length, same device, quantize and encoder backend), its spaCy
+        pipeline (same spacy_model and dropped labels) and its NER worker processes (same spacy_model: they
+        load the model by name; both indexes then hold them, see detach_ner_pool). A model ``other`` has not
+        loaded yet is left to load on first use. Returns self.
+
+            new = LinearRAG(TriGraphIndex.load(folder), device).share_models_from(old)
+        """
+        old, new = other.index.index_config, self.index.index_config
+        same_question_encoder = ((old.encoder, old.max_length) == (new.encoder, new.max_length)
+                                 and str(self.device) == str(other.device) and self.quantize == other.quantize
+                                 and self.encoder_backend == other.encoder_backend)
+        if same_question_encoder and other._encoder is not None:
+            self._encoder = other._encoder
+        if (old.spacy_model, tuple(old.dropped_labels)) == (new.spacy_model, tuple(new.dropped_labels)) \
+                and other._nlp is not None:
+            self._nlp = other._nlp
+        if old.spacy_model == new.spacy_model and other._ner_pool is not None:
+            self._ner_pool = other._ner_pool
+        self._pipeline = None
+        return self
+
     def close(self) -> None:
         """Stop the NER worker processes, if any (the rest needs no closing)."""
         pool, self._ner_pool = self._ner_pool, None

@@ -89,3 +89,37 @@ def test_the_package_has_no_import_cycle():
     graph = import_graph()
     assert len(graph) > 50 and graph["linearrag_torch.api"]  # the scan sees the package
     assert cycles(graph) == []
+
+
+def private_assignments(package: Path = PACKAGE) -> list:
+    """(file:line, target) of every assignment to, or deletion of, a private attribute (``x._name``, not a dunder)
+    of an object other than ``self`` or ``cls``."""
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Assign, ast.Delete)):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            else:
+                continue
+            flat = []
+            for t in targets:
+                flat.extend(t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])
+            for t in flat:
+                if (isinstance(t, ast.Attribute) and t.attr.startswith("_") and not t.attr.startswith("__")
+                        and not (isinstance(t.value, ast.Name) and t.value.id in ("self", "cls"))):
+                    out.append((f"{path.relative_to(package.parent)}:{node.lineno}", ast.unparse(t)))
+    return out
+
+
+def test_the_scan_finds_a_private_attribute_set_from_outside(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("def f(rag, other):\n    rag._encoder, x = other, 1\n    self = rag\n    self._ok = 1\n"
+                              "    del rag._nlp\n    rag.__dict__ = {}\n")
+    assert private_assignments(pkg) == [("pkg/a.py:2", "rag._encoder"), ("pkg/a.py:5", "rag._nlp")]
+
+
+def test_no_private_attribute_of_another_object_is_set_in_the_package():
+    assert private_assignments() == []
