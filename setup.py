@@ -37,7 +37,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["linearrag_torch", "linearrag_torch.*"]),
-    package_data={"linearrag_torch": ["data/*.jsonl", "data/*.md", "rerank/model/*"]},
+    package_data={"linearrag_torch": ["data/*.jsonl", "data/*.md", "data/reranker/*"]},
     install_requires=[
         # Install your torch build first (CPU or CUDA); any 2.x from 2.2 on works.
         "torch>=2.2,<3",

@@ -17,7 +17,6 @@ from linearrag_torch.retrieval.engine import DeviceGraph
 from linearrag_torch.kernels.backends import torch_scatter_available, triton_available
 from linearrag_torch.queries import EncodedQueries
 from linearrag_torch.retrieval.memory import status_bytes
-from linearrag_torch.retrieval.pagerank import StepObserver, observe_steps
 from linearrag_torch.synthetic import index_from_mentions, random_embeddings, random_mentions
 
 # used when no real corpus was measured: the generator calibrated on 2WikiMultiHopQA in our run
@@ -170,46 +169,25 @@ def ppr_step_bytes(graph, B: int) -> int:
     return total
 
 
-class StepMeter(StepObserver):
-    """Observes the PageRank steps (pagerank.observe_steps) inside ``with meter:`` blocks (several may
-    follow each other): counts them, sums their modeled bytes and their time (CUDA events on a GPU)."""
+class StepMeter:
+    """Sums the PageRank steps of traced calls (engine.retrieve(..., trace="steps") returns them in
+    Trace.ppr_steps): ``add(trace)`` after each call (outside its timing); ``calls`` steps, ``bytes`` their modeled
+    traffic (ppr_step_bytes), ``ms()`` their time (CUDA events on a GPU, read once at the end)."""
 
     def __init__(self, device):
-        self.device, self.bytes, self.events, self.calls = device, 0, [], 0
-        self._start = None
-        self._ctx = None
+        self.device, self.bytes, self.calls = device, 0, 0
+        self._logs = []
 
-    def __enter__(self):
-        self._ctx = observe_steps(self)
-        self._ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._ctx.__exit__(*exc)
-        self._ctx = None
-
-    def before_step(self, graph, columns):
-        self.bytes += ppr_step_bytes(graph, columns.numel())
-        self.calls += 1
-        if self.device.type == "cuda":
-            self._start = torch.cuda.Event(enable_timing=True)
-            self._start.record()
-        else:
-            self._start = time.perf_counter()
-
-    def after_step(self, graph, columns, change):
-        if self.device.type == "cuda":
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self.events.append((self._start, end))
-        else:
-            self.events.append(time.perf_counter() - self._start)
+    def add(self, trace) -> None:
+        log = trace.ppr_steps
+        self.calls += len(log)
+        self.bytes += sum(ppr_step_bytes(st.walk, st.columns.numel()) for st in log)
+        for st in log.steps:  # keep the time marks only (a step's operator may be a per-call copy of the walk)
+            st.walk = st.columns = st.change = None
+        self._logs.append(log)
 
     def ms(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            return sum(s.elapsed_time(e) for s, e in self.events)
-        return 1e3 * sum(self.events)
+        return 1e3 * sum(sum(log.seconds()) for log in self._logs)
 
 
 def tile_queries(enc, n: int):

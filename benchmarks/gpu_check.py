@@ -138,9 +138,9 @@ def timing(device, sizes, batches, clock: Clock, copy_gbs: float, log) -> list:
             retrieve(graph, random_queries(index, 2, seed=7), cfg)  # warm-up: Triton compilation, allocator
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            with StepMeter(device) as meter:
-                calls = 3 if B < 1024 else 1
-                ms = timed(lambda: retrieve(graph, q, cfg), device, repeat=calls)
+            meter = StepMeter(device)  # the PageRank steps of the timed calls, summed as each call ends
+            calls = 3 if B < 1024 else 1
+            ms = timed(lambda: meter.add(retrieve(graph, q, cfg, trace="steps")[1]), device, repeat=calls)
             ppr_ms = meter.ms() / (calls + 1)  # timed() also runs one warm-up call
             ppr_bytes = meter.bytes / (calls + 1)
             r = {"passages": P, "entities": index.num_entities, "batch": B, "build_s": build_s, "ms_per_call": ms,
@@ -192,7 +192,7 @@ def question_path(device, real_index, batches, log, workers=None) -> dict:
     """Section 5: rag.search end to end and by stage (wall time, synchronised) at each batch size on the index of
     ``real_index()`` (open_index's answer); top-k of the device against the CPU on that index."""
     from linearrag_torch import LinearRAG
-    from linearrag_torch.retrieval.pipeline import StageTimings
+    from linearrag_torch.runtime.tracing import StageTimings
 
     rag, qs, info = real_index()
     cores = os.cpu_count() or 1

@@ -41,7 +41,7 @@ KS = (2, 5)
 def fitting_set(train_file: Path, out: Path, heldout_only: bool = False) -> Path:
     """A data folder (corpus.jsonl, questions.jsonl) of the training file's held-out questions (see module doc);
     ``heldout_only``: the corpus holds only their own paragraphs (a quarter of the index to build)."""
-    from linearrag_torch.rerank.options import TrainConfig
+    from linearrag_torch.config import TrainConfig
     from linearrag_torch.rerank.train import mining_questions, read_training_file, split_heldout
 
     questions, passages = read_training_file(train_file)

@@ -247,11 +247,11 @@ def _time_torch_calls(graph, index, batch: int, cfg, device, min_questions: int,
             sub = q.slice(c * chunk, min(batch, (c + 1) * chunk))
             sync(device)
             t, tc = time.perf_counter(), time.process_time()
-            with meter:
-                retrieve(graph, sub, cfg)
+            _, tr = retrieve(graph, sub, cfg, trace="steps")
             sync(device)
             times.append(time.perf_counter() - t)
             cpu += time.process_time() - tc
+            meter.add(tr)
             if c >= 1 and sum(times) / (c + 1) * n_chunks > max_call_s and sum(times) > max_call_s / 4:
                 break
         questions = min(batch, len(times) * chunk)
@@ -266,11 +266,11 @@ def _time_torch_calls(graph, index, batch: int, cfg, device, min_questions: int,
             q = random_queries(index, batch, seed=seed + calls)
             sync(device)
             t, tc = time.perf_counter(), time.process_time()
-            with meter:
-                retrieve(graph, q, cfg)
+            _, tr = retrieve(graph, q, cfg, trace="steps")
             sync(device)
             total += time.perf_counter() - t
             cpu += time.process_time() - tc
+            meter.add(tr)
             calls += 1
             questions += batch
     return {"queries_per_s": questions / total, "seconds": total, "cpu_seconds": cpu,

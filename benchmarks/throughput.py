@@ -40,7 +40,8 @@ from benchmarks.common import tile_queries  # noqa: E402
 from linearrag_torch import LinearRAG  # noqa: E402
 from linearrag_torch.corpus import read_questions  # noqa: E402
 from linearrag_torch.retrieval import engine  # noqa: E402
-from linearrag_torch.retrieval.pipeline import STAGES, StageTimings  # noqa: E402
+from linearrag_torch.retrieval.pipeline import STAGES  # noqa: E402
+from linearrag_torch.runtime.tracing import StageTimings  # noqa: E402
 
 COLUMNS = STAGES + ("end_to_end",)
 

@@ -11,7 +11,7 @@ import torch
 
 from . import models
 from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig
-from .corpus import check_question
+from .corpus import check_question, read_passages
 from .env import resolve_device
 from .index import TriGraphIndex
 from .queries import EncodedQueries, Retrieved
@@ -84,17 +84,16 @@ class LinearRAG:
         from .indexing.build import build_index
 
         dev = resolve_device(device)
-        passages = models.read_passages(corpus)  # ids checked here, before any model loads
+        passages = read_passages(corpus)  # ids checked here, before any model loads
         index_config = index_config or IndexConfig()
-        nlp = nlp or models.load_nlp(index_config)
-        given = encoder is not None
-        encoder = encoder or models.load_encoder(index_config, dev)
+        # each model loaded once; questions in float32 (see __init__) with the passages' model, unless the
+        # caller chose the encoder
+        loaded = models.for_index(index_config, dev, nlp, encoder)
         # the index stays on the CPU, as load() keeps it (the engine copies what it needs to ``dev``), and
         # save() writes it from there
-        index = build_index(passages, index_config, config or RetrievalConfig(), device=str(dev),
-                            progress=progress, nlp=nlp, encoder=encoder, ids_checked=True, index_device="cpu")
-        # questions in float32 (see __init__) with the same model, unless the caller chose the encoder
-        return cls(index, dev, nlp, encoder if given else models.with_precision(encoder, "float32"))
+        index = build_index(passages, index_config, config or RetrievalConfig(), device=str(dev), progress=progress,
+                            nlp=loaded.nlp, encoder=loaded.passage_encoder, ids_checked=True, index_device="cpu")
+        return cls(index, dev, loaded.nlp, loaded.question_encoder)
 
     @classmethod
     def load(cls, path, device="auto", quantize: str | None = None, encoder_backend: str = "torch") -> "LinearRAG":
@@ -116,7 +115,7 @@ class LinearRAG:
         its line; the index is then unchanged. Two passages with the same text stay two passages."""
         from .indexing.build import add_passages
 
-        passages = models.read_passages(corpus, first_id=self.index.num_passages, existing_ids=self.index.passage_ids)
+        passages = read_passages(corpus, first_id=self.index.num_passages, existing_ids=self.index.passage_ids)
         self._set_index(add_passages(self.index, passages, progress=progress, nlp=self.nlp,
                                      encoder=self._passage_encoder(), ids_checked=True))
         return self
@@ -163,6 +162,35 @@ class LinearRAG:
     def ner_pool(self):
         """The NER worker processes (nlp.NERPool) of start_ner_processes, or None."""
         return self._ner_pool
+
+    def detach_ner_pool(self):
+        """Forget the NER worker processes without stopping them (another index took them over: share_models_from);
+        returns them (or None)."""
+        pool, self._ner_pool = self._ner_pool, None
+        return pool
+
+    def share_models_from(self, other: "LinearRAG") -> "LinearRAG":
+        """Use ``other``'s loaded models where this index needs the same ones, instead of loading them again: its
+        question encoder (same encoder and max_length, same device, quantize and encoder backend), its spaCy
+        pipeline (same spacy_model and dropped labels) and its NER worker processes (same spacy_model: they
+        load the model by name; both indexes then hold them, see detach_ner_pool). A model ``other`` has not
+        loaded yet is left to load on first use. Returns self.
+
+            new = LinearRAG(TriGraphIndex.load(folder), device).share_models_from(old)
+        """
+        old, new = other.index.index_config, self.index.index_config
+        same_question_encoder = ((old.encoder, old.max_length) == (new.encoder, new.max_length)
+                                 and str(self.device) == str(other.device) and self.quantize == other.quantize
+                                 and self.encoder_backend == other.encoder_backend)
+        if same_question_encoder and other._encoder is not None:
+            self._encoder = other._encoder
+        if (old.spacy_model, tuple(old.dropped_labels)) == (new.spacy_model, tuple(new.dropped_labels)) \
+                and other._nlp is not None:
+            self._nlp = other._nlp
+        if old.spacy_model == new.spacy_model and other._ner_pool is not None:
+            self._ner_pool = other._ner_pool
+        self._pipeline = None
+        return self
 
     def close(self) -> None:
         """Stop the NER worker processes, if any (the rest needs no closing)."""
@@ -225,7 +253,7 @@ class LinearRAG:
         reuse = self.reuse_index_vectors if reuse_index_vectors is None else reuse_index_vectors
         enc = pipe.encode(questions, ents, reuse, timings)
         if cfg.rerank:  # the reranker's question tokens (host work of the question path, like NER)
-            from .retrieval.pipeline import stage
+            from .runtime.tracing import stage
 
             with stage(timings, "encoder"):
                 enc.rerank_tokens = self.reranker(cfg).question_tokens(list(questions))

@@ -202,12 +202,11 @@ def cmd_index(args) -> int:
 
     existing = Path(args.index_dir).is_dir()  # replacing an index: lock before the work, not only to write
     with index_lock(args.index_dir) if existing else nullcontext():
-        from .indexing.ray_build import build as ray_build, options_from_args
+        if args.ray is not None:  # the local build does not touch the Ray code
+            from .indexing.ray_build import build as ray_build, options_from_args
 
-        ray = options_from_args(args)  # None without --ray
-        if ray is not None:
-            rag = ray_build(args.corpus, index_config=icfg, config=cfg, options=ray, device=args.device,
-                            progress=not args.quiet)
+            rag = ray_build(args.corpus, index_config=icfg, config=cfg, options=options_from_args(args),
+                            device=args.device, progress=not args.quiet)
         else:
             rag = LinearRAG.build(args.corpus, index_config=icfg, config=cfg, device=args.device, progress=not args.quiet)
         rag.save(args.index_dir)
@@ -242,10 +241,10 @@ def _update_index(index_dir: str, device: str, change, verb: str, preposition: s
 
 
 def cmd_add(args) -> int:
-    from .indexing.ray_build import add as ray_add, options_from_args
+    if args.ray is not None:  # the local update does not touch the Ray code
+        from .indexing.ray_build import add as ray_add, options_from_args
 
-    ray = options_from_args(args)  # None without --ray
-    if ray is not None:
+        ray = options_from_args(args)
         return _update_index(args.index_dir, args.device,
                              lambda rag: ray_add(rag, args.corpus, ray, progress=not args.quiet), "added", "to")
     return _update_index(args.index_dir, args.device, lambda rag: rag.add(args.corpus, progress=not args.quiet),
@@ -338,7 +337,7 @@ def cmd_query(args) -> int:
         from .distributed.launch import cmd_query_sharded
 
         return cmd_query_sharded(args, items)
-    from .retrieval.pipeline import set_threads
+    from .runtime.threads import set_threads
 
     set_threads(args.threads)
     rag = LinearRAG.load(args.index_dir, device=args.device, quantize=args.quantize,
@@ -468,7 +467,7 @@ def main(argv=None) -> int:
 
     keep_freed_memory()  # this process is ours: reuse freed memory instead of faulting it in again
     from .index import IndexFormatError
-    from .rerank.model import RerankerLoadError
+    from .models.reranker import RerankerLoadError
 
     try:
         commands = {"index": cmd_index, "add": cmd_add, "delete": cmd_delete, "query": cmd_query, "demo": cmd_demo,

@@ -204,6 +204,38 @@ class IndexConfig:
         return cls(**kw)
 
 
+@dataclass
+class TrainConfig:
+    """How `linearrag train-reranker` trains the reranker (rerank/train.py; its flags: rerank/options.py)."""
+
+    epochs: int = 2
+    seed: int = 0
+    lr: float = 3e-5
+    head_lr: float = 1e-3
+    warmup: float = 0.1
+    questions_per_step: int = 4
+    negatives: int = 6  # per question and step
+    hard_share: float = 0.67  # of the negatives, from the engine's mistakes when there are any
+    max_length: int = 96
+    question_tokens: int = 32
+    context_tokens: int = 0  # chain-aware pairs: the graph's top passage read after the question (0: off)
+    heldout: float = 0.1  # share of the questions kept out of training to fit the fused score
+    candidates: int = 10  # the engine's top candidates mined per question (and reranked at fit time)
+    mine_share: float = 1.0  # share of the training questions whose paragraphs enter the mining index
+    checkpoint_every: int = 50
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.questions_per_step < 1 or self.negatives < 1 or self.candidates < 1:
+            raise ValueError("epochs, questions_per_step, negatives and candidates must be >= 1")
+        if self.context_tokens < 0 or self.max_length < self.question_tokens + self.context_tokens + 5:
+            raise ValueError(f"max_length ({self.max_length}) must leave room for the question ({self.question_tokens} "
+                             f"tokens), the context ({self.context_tokens}), a passage, 3 special tokens and one "
+                             "padding: at least question_tokens + context_tokens + 5")
+        if not 0.0 <= self.mine_share <= 1.0 or not 0.0 < self.heldout < 1.0 or not 0.0 <= self.hard_share <= 1.0:
+            raise ValueError("mine_share and hard_share must be in [0, 1], heldout in (0, 1)")
+
+
 def flag_name(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 

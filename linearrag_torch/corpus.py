@@ -210,3 +210,16 @@ def _json_type(value) -> str:
     if isinstance(value, list):
         return "an array"
     return "an object" if isinstance(value, dict) else type(value).__name__
+
+
+def is_path(corpus) -> bool:
+    return isinstance(corpus, (str, bytes)) or hasattr(corpus, "__fspath__")
+
+
+def read_passages(corpus, first_id: int = 0, existing_ids=()) -> list[Passage]:
+    """The passages of ``corpus`` (a JSONL path, or a list of Passage / dicts), their ids checked new: not
+    repeated and not in ``existing_ids`` (check_new_ids: InputError naming the file's line). The one
+    check of the ids on the way into an index: callers pass ``ids_checked=True`` to build.add_passages."""
+    passages = read_corpus(corpus, first_id=first_id) if is_path(corpus) else as_passages(corpus, first_id=first_id)
+    check_new_ids(passages, existing_ids, source=corpus if is_path(corpus) else None)
+    return passages

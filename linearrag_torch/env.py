@@ -45,7 +45,7 @@ THREADS = Variable(
     "LINEARRAG_THREADS", None,
     "torch's intra-op threads for the process (unset: torch's default, one per core); 1 holds up best when "
     "other busy processes share the cores; `--threads` overrides it",
-    "retrieval/pipeline.py")
+    "runtime/threads.py")
 KERNELS = Variable(
     "LINEARRAG_KERNELS", "auto",
     "the fused operations of the query path: `auto` (Triton kernels on CUDA tensors when Triton imports, "

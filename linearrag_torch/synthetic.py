@@ -7,7 +7,7 @@ import torch
 
 from .index import TokenKeys, TriGraphIndex
 from .queries import EncodedQueries
-from .retrieval.sparse import Csr
+from .index.csr import Csr
 
 
 def _unit(n: int, dim: int, gen: torch.Generator) -> torch.Tensor:

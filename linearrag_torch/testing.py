@@ -9,16 +9,15 @@ compare the engine's index-list and fused forms with. Nothing in the library's q
 | propagate_reference (dense [E, B] in and out) | activation.propagate_reference_pairs |
 | passage_reset (eq. 7 from dense act/tier) | pagerank.passage_reset_entries |
 | ppr_step_reference (one plain PageRank step) | kernels.ppr_step |
-| ChangeTrace (each step's L1 change per column) | pagerank.observe_steps |
 """
 from __future__ import annotations
 
 import torch
 
-from .retrieval.activation import Activation, dense_seeds, propagate_reference_pairs, seed_pairs
+from .retrieval.activation import Activation, ColumnEntries, dense_seeds, propagate_reference_pairs, seed_pairs
 from .config import RetrievalConfig
-from .retrieval.pagerank import PPRGraph, StepObserver, _finish_reset, passage_reset_entries
-from .retrieval.sparse import ColumnEntries, Csr
+from .retrieval.pagerank import PPRGraph, _finish_reset, passage_reset_entries
+from .index.csr import Csr
 
 
 def sigma_pair(sigma: torch.Tensor):
@@ -74,15 +73,3 @@ def ppr_step_reference(graph: PPRGraph, xp, xe, rp, re, damping):
     ne_ = (1 - d) * re + d * (new_e + g * re)
     change = (np_ - xp).abs().sum(0) + (ne_ - xe).abs().sum(0)
     return np_, ne_, change
-
-
-class ChangeTrace(StepObserver):
-    """Records each PageRank step's L1 change as a [B] tensor over the batch's columns (NaN for the
-    columns no longer iterated): ``with pagerank.observe_steps(ChangeTrace(B)) as t: ...; t.changes``."""
-
-    def __init__(self, batch: int):
-        self.batch, self.changes = batch, []
-
-    def after_step(self, graph, columns, change):
-        full = torch.full((self.batch,), float("nan"), dtype=change.dtype, device=change.device)
-        self.changes.append(full.index_copy_(0, columns, change))

@@ -200,7 +200,7 @@ def tiny_base(tmp_path_factory):
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from linearrag_torch.rerank.model import packaged_base_folder
+    from linearrag_torch.models.reranker import packaged_base_folder
 
     folder = tmp_path_factory.mktemp("tiny_bert")
     torch.manual_seed(0)
@@ -217,7 +217,7 @@ def tiny_reranker_dir(tiny_base, tmp_path_factory):
     import torch
 
     from linearrag_torch.rerank import RerankerSettings
-    from linearrag_torch.rerank.model import base_cross_encoder, save_model
+    from linearrag_torch.models.reranker import base_cross_encoder, save_model
 
     model, tok = base_cross_encoder(tiny_base, seed=5)
     torch.nn.init.normal_(model.head.weight, std=1.0)

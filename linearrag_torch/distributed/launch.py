@@ -133,7 +133,7 @@ def query_job(comm: Comm, index_dir: str, questions: list, overrides: dict, top_
     import gc
 
     from ..index import TriGraphIndex
-    from ..retrieval.pipeline import set_threads
+    from ..runtime.threads import set_threads
 
     set_threads(threads)
     dev = env.device_for(comm.rank, device)

@@ -8,7 +8,7 @@ import torch
 
 from .. import kernels
 from ..retrieval.engine import query_embeddings
-from ..retrieval.sparse import Csr
+from ..index.csr import Csr
 
 
 def _find(sorted_ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from ..config import EMBEDDING_DTYPES, IndexConfig, RetrievalConfig
-from ..retrieval.sparse import Csr
+from .csr import Csr
 from . import storage
 from .errors import IndexFormatError
 from .layout import EMBEDDINGS, KEY_PARTS, KEY_TENSORS, MATRICES, NER_PARTS, NER_TENSORS, STRINGS

@@ -9,7 +9,7 @@ A build is add_passages() to an empty index: the same code appends passages to a
 passages from the stored NER record with the same numbering (_Numbering).
 
 This module orchestrates and holds the graph's formulas (M, PS, C, N); the sparse operations are Csr
-methods (sparse.py), the vectors of new texts come from encoding.embed_texts, and any encoder with
+methods (index/csr.py), the vectors of new texts come from encoding.embed_texts, and any encoder with
 encoding.TextEncoder's three members will do.
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ from .. import models
 from ..config import IndexConfig, RetrievalConfig
 from ..corpus import Passage, PassageId, check_new_ids
 from ..index import NER_PARTS, NerRecord, TokenKeys, TriGraphIndex, embedding_dtype, passage_text
-from ..retrieval.pipeline import stage
-from ..retrieval.sparse import Csr
+from ..runtime.tracing import stage
+from ..index.csr import Csr
 from .counting import count_occurrences
 from .encoding import TextEncoder, append_vectors, embed_texts, resolve_precision
 from .nlp import analyse_passages, bind_title
@@ -101,7 +101,7 @@ def add_passages(
     the build of all passages at once (see docs/METHOD.md, "Updating an index"). N gains the counts of
     every entity in the new passages and of the new entities in the old passages (one Aho-Corasick
     pass over the old texts). Ids must be new (7 and "7" are the same id): ValueError otherwise, unless
-    ``ids_checked`` says the caller has checked them (models.read_passages, before loading any model).
+    ``ids_checked`` says the caller has checked them (corpus.read_passages, before loading any model).
     ``device``: where the encoder is loaded when not given, and where the result goes (default: where
     ``index`` is); ``index_device``, when given, where the result goes instead (LinearRAG.build: the CPU).
     ``analyse``: the NER stage, texts -> one nlp.PassageAnalysis per text (default: nlp.analyse_passages

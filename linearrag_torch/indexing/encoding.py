@@ -237,7 +237,8 @@ class Encoder:
         ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
         return [tuple(x) for x in ids]
 
-    def encode(self, texts: Sequence[str], progress: bool = False, desc: str = "", keys=None) -> torch.Tensor:
+    def encode(self, texts: Sequence[str], progress: bool = False, desc: str = "", keys=None,
+               run_pass=None) -> torch.Tensor:
         """[len(texts), dim] float32 on the encoder's device: mean pooling over the attention mask, L2 norm.
 
         The texts are tokenized once, sorted by token count and cut into forward passes of at most
@@ -247,7 +248,7 @@ class Encoder:
         are encoded once and get one and the same vector, so that equal inputs tie exactly. Other
         texts' vectors depend on which texts share their pass in the last bits (~1e-7 in float32, ~1e-3
         per component under bf16 autocast).
-        ``keys``: token_keys(texts) when the caller has them already.
+        ``keys``: token_keys(texts) when the caller has them already. ``run_pass``: see encode_token_ids.
         """
         texts = list(texts)
         if not texts:
@@ -255,16 +256,18 @@ class Encoder:
         keys = keys if keys is not None else self.token_keys(texts)
         budget = ENCODE_TOKEN_BUDGET if self.device.type == "cpu" else ENCODE_TOKEN_BUDGET_GPU
         with tqdm(total=len(texts), desc=desc or "encode", unit="text", disable=not progress) as bar:
-            return self.encode_token_ids(keys, budget, self.batch_size, on_pass=bar.update)
+            return self.encode_token_ids(keys, budget, self.batch_size, on_pass=bar.update, run_pass=run_pass)
 
     def encode_token_ids(self, ids: Sequence[Sequence[int]], token_budget: int = QUERY_TOKEN_BUDGET,
-                         max_rows: int = QUERY_MAX_ROWS, on_pass=None) -> torch.Tensor:
+                         max_rows: int = QUERY_MAX_ROWS, on_pass=None, run_pass=None) -> torch.Tensor:
         """[len(ids), dim] float32 vectors of already tokenized texts (token_keys(); the query path, and encode()).
 
         The texts are sorted by token count and cut into forward passes of at most ``max_rows`` rows and
         ``token_budget`` padded tokens, so that short texts (entity names) are not padded to the length
         of long ones (questions). Equal token ids get one vector, as in encode(). ``on_pass(n)``: called after
-        each pass with the number of texts it settled (a progress bar's update).
+        each pass with the number of texts it settled (a progress bar's update). ``run_pass(rows)``: what runs a
+        forward pass, [len(rows), dim] (default: encode_pass, here; ray_build.RayEncoder ships the passes to a
+        Ray cluster instead, keeping this layout of the passes).
         """
         ids = [tuple(x) for x in ids]
         out = torch.empty(len(ids), self.dim, dtype=torch.float32, device=self.device)
@@ -274,13 +277,14 @@ class Encoder:
         source = [first.setdefault(k, i) for i, k in enumerate(ids)]
         order = sorted(first.values(), key=lambda i: -len(ids[i]))
         repeats = Counter(source) if on_pass is not None else None
+        run_pass = run_pass if run_pass is not None else self.encode_pass
         with torch.inference_mode():
             start = 0
             while start < len(order):
                 rows = max(1, min(max_rows, token_budget // max(len(ids[order[start]]), 1)))
                 idx = order[start:start + rows]
                 start += len(idx)
-                out[torch.tensor(idx, device=self.device)] = self._encode_pass([ids[i] for i in idx])
+                out[torch.tensor(idx, device=self.device)] = run_pass([ids[i] for i in idx])
                 if on_pass is not None:
                     on_pass(sum(repeats[i] for i in idx))
             if len(first) < len(ids):
@@ -308,7 +312,7 @@ class Encoder:
         mean = summed / mask.sum(dim=1).clamp(min=1e-9)
         return F.normalize(mean, p=2, dim=1)
 
-    def _encode_pass(self, rows: Sequence[tuple]) -> torch.Tensor:
+    def encode_pass(self, rows: Sequence[tuple]) -> torch.Tensor:
         """One forward pass over token id rows (token_keys()), padded to the longest: [len(rows), dim] float32.
         A pass whose padded tokens are PACK_MIN_PADDED times its real ones or more runs packed (BertForward.packed)."""
         longest = max(len(r) for r in rows)

@@ -322,7 +322,7 @@ def ray_analyse(ray, cfg: IndexConfig, ner_actors: int, progress: bool = True):
 # ---------------------------------------------------------------------------------------------- encoding
 class _EncodeActor:
     """The index's encoder loaded once (models.load_encoder, as the local build loads it); each row is one
-    forward pass (JSON list of token id lists, Encoder._encode_pass), answered with its float32 vectors as bytes."""
+    forward pass (JSON list of token id lists, Encoder.encode_pass), answered with its float32 vectors as bytes."""
 
     def __init__(self):
         self.loaded = _Loaded()
@@ -345,7 +345,7 @@ class _EncodeActor:
         with torch.inference_mode():
             for tokens_json, setup_json in zip(batch["tokens"], batch["setup"]):
                 encoder = self.loaded.get(setup_json, self._load)
-                vectors = encoder._encode_pass([tuple(row) for row in json.loads(tokens_json)])
+                vectors = encoder.encode_pass([tuple(row) for row in json.loads(tokens_json)])
                 out.append(vectors.float().cpu().numpy().astype(np.float32).tobytes())
         return {"batch": batch["batch"], "count": batch["count"], "vectors": np.array(out, dtype=object)}
 
@@ -414,13 +414,9 @@ class RayEncoder:
             passes.append(list(batch))
             return where
 
-        self.local._encode_pass = record  # the instance attribute shadows the method
-        try:
-            where = self.local.encode(list(texts), keys=keys)
-        finally:
-            del self.local._encode_pass
+        where = self.local.encode(list(texts), keys=keys, run_pass=record)  # the passes recorded, not run
         if texts and not passes:
-            raise RuntimeError("Encoder.encode made no call to Encoder._encode_pass: ray_build.RayEncoder must "
+            raise RuntimeError("Encoder.encode ran no pass through run_pass: ray_build.RayEncoder must "
                                "follow the change of encoding.Encoder")
         return passes, where[:, :2].round().to(torch.int64)
 
@@ -478,7 +474,7 @@ def build(corpus, index_config: Optional[IndexConfig] = None, config: Optional[R
     returned LinearRAG answers questions (the index itself is assembled on the CPU). ``timings``: if
     given, receives the seconds of "connect" (Ray and the driver's tokenizer) and of build_index's stages."""
     from ..api import LinearRAG
-    from ..models import read_passages
+    from ..corpus import read_passages
     from .build import build_index
 
     dev = env.resolve_device(device)
@@ -498,7 +494,7 @@ def build(corpus, index_config: Optional[IndexConfig] = None, config: Optional[R
 def add(rag, corpus, options: Optional[RayOptions] = None, progress: bool = True, timings: Optional[dict] = None):
     """rag.add(corpus) with NER and encoding on a Ray cluster; returns ``rag`` (call rag.save() to write).
     ``timings``: as for build()."""
-    from ..models import read_passages
+    from ..corpus import read_passages
     from .build import add_passages
 
     passages = read_passages(corpus, first_id=rag.index.num_passages, existing_ids=rag.index.passage_ids)

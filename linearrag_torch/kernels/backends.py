@@ -5,7 +5,7 @@
 | ``LINEARRAG_KERNELS`` (environment) | ``use_triton`` | ``auto`` (default): Triton for CUDA tensors when Triton imports; ``torch``: the pure-torch fallbacks everywhere (to compare on a GPU); ``triton``: also CPU tensors, in Triton's interpreter, when ``TRITON_INTERPRET=1`` (the equivalence tests) |
 | ``TRITON_INTERPRET=1`` (environment) | ``use_triton`` | read by Triton itself; with ``LINEARRAG_KERNELS=triton`` sends CPU tensors to the kernels |
 | torch-scatter installed | ``use_torch_scatter`` | ``segment_argmax`` on CPU tensors uses ``torch_scatter.segment_max_csr`` (one pass) |
-| ``SCIPY_CSR`` (this module) | ``use_scipy_csr`` | CPU CSR building and transposes in ``sparse.Csr`` go through scipy's linear-time conversions (tests switch it off to check the torch path) |
+| ``SCIPY_CSR`` (this module) | ``use_scipy_csr`` | CPU CSR building and transposes in ``index.csr.Csr`` go through scipy's linear-time conversions (tests switch it off to check the torch path) |
 
 ``kernels_mode(mode)`` sets ``LINEARRAG_KERNELS`` for a ``with`` block (benchmarks, tests).
 A new backend adds its availability check and its ``use_*`` predicate here; the operations ask these
@@ -22,7 +22,7 @@ import torch
 from .. import env
 
 KERNELS_ENV = env.KERNELS.name  # auto | torch | triton
-SCIPY_CSR = True  # sparse.Csr: scipy's counting-sort conversions for CPU tensors (see use_scipy_csr)
+SCIPY_CSR = True  # index.csr.Csr: scipy's counting-sort conversions for CPU tensors (see use_scipy_csr)
 
 
 @functools.lru_cache(maxsize=None)
@@ -68,7 +68,7 @@ def use_torch_scatter(t: torch.Tensor) -> bool:
 
 
 def use_scipy_csr(t: torch.Tensor) -> bool:
-    """True when sparse.Csr should convert tensor ``t``'s matrix with scipy (CPU tensors, SCIPY_CSR on)."""
+    """True when index.csr.Csr should convert tensor ``t``'s matrix with scipy (CPU tensors, SCIPY_CSR on)."""
     return t.device.type == "cpu" and SCIPY_CSR
 
 

@@ -1,8 +1,8 @@
 """The learned reranker: a cross-encoder that rescores the graph's top candidates (``RetrievalConfig.rerank``).
 
-model.py (the network, its folder on disk), scoring.py (pairs built and scored on the engine's device, the
-fused score), train.py (`linearrag train-reranker`; options.py holds its settings and flags). The trained
-model ships in ``rerank/model/`` (its MODEL_CARD.md says how it was made). Names load on first use, so
+scoring.py (pairs built and scored on the engine's device, the fused score), train.py (`linearrag
+train-reranker`; options.py holds its flags). The network and its folder on disk are models/reranker.py; the
+trained model ships in ``linearrag_torch/data/reranker/`` (its MODEL_CARD.md says how it was made). Names load on first use, so
 that the command line's parser does not import torch.
 """
 __all__ = ["Reranker", "Reranked", "RerankerLoadError", "RerankerSettings", "packaged_reranker_folder"]
@@ -14,7 +14,7 @@ def __getattr__(name):
 
         return getattr(scoring, name)
     if name in ("RerankerLoadError", "RerankerSettings", "packaged_reranker_folder"):
-        from . import model
+        from ..models import reranker
 
-        return getattr(model, name)
+        return getattr(reranker, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 
 from ..config import RERANKER_PRECISIONS
-from .model import RerankerSettings, load_model
+from ..models.reranker import RerankerSettings, load_model
 
 
 @dataclass
@@ -171,7 +171,7 @@ class Reranker:
 
     @classmethod
     def load(cls, folder=None, device="cpu", tokens_per_pass: int | None = None, precision: str = "float32") -> "Reranker":
-        """From a reranker folder (default: the one shipped with the package); see model.load_model.
+        """From a reranker folder (default: the one shipped with the package); see models.reranker.load_model.
         ``precision``: RERANKER_PRECISIONS (resolve_precision)."""
         model, tok, settings = load_model(folder)
         return cls(model, tok, settings, device, tokens_per_pass, folder, precision)

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
+from ..config import TrainConfig
 from ..corpus import InputError
-from .model import RerankerSettings, base_cross_encoder, save_model
-from .options import TrainConfig
+from ..models.reranker import RerankerSettings, base_cross_encoder, save_model
 from ..index import passage_text
 from .scoring import (PassageTokens, QuestionTokens, chain_context, fuse, pair_inputs, tokenize_passages,
                       tokenize_questions)

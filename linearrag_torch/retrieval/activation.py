@@ -13,7 +13,23 @@ import torch
 
 from .. import kernels
 from ..config import RetrievalConfig
-from .sparse import ColumnEntries
+
+
+@dataclass
+class ColumnEntries:
+    """The nonzero entries of a mostly-zero [rows, B] matrix as index lists (row, col, val), sorted by
+    (row, col): the entity side of a batch (a question activates a handful of entities), without a dense
+    [E, B] pass. activation.ActivePairs is one with the activation's other fields beside ``val``."""
+
+    row: torch.Tensor  # int64
+    col: torch.Tensor  # int64
+    val: torch.Tensor
+    shape: tuple
+
+    @staticmethod
+    def from_dense(x: torch.Tensor) -> "ColumnEntries":
+        r, c = torch.nonzero(x, as_tuple=True)  # NaN counts as nonzero: the consumers clean values
+        return ColumnEntries(r, c, x[r, c], tuple(x.shape))
 
 
 @dataclass

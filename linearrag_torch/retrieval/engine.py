@@ -13,21 +13,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .. import kernels
 from ..env import native_half
-from . import counting
-from .activation import (Activation, ActivePairs, NearestMemo, dense_seeds, propagate_paper, propagate_reference_pairs,
+from .activation import (Activation, ActivePairs, ColumnEntries, NearestMemo, dense_seeds, propagate_paper, propagate_reference_pairs,
                          seed_pairs)
 from ..config import RetrievalConfig
 from ..index import TriGraphIndex
 from .memory import default_chunk_budget
-from .pagerank import PPRGraph, passage_reset_entries, personalized_pagerank
+from .pagerank import PPRGraph, StepLog, passage_reset_entries, personalized_pagerank
 from ..queries import EncodedQueries, Retrieved
-from .sparse import ColumnEntries
+from ..runtime import tracing
 from .stages import LocalChain
 
 # bytes of working memory one question needs (see DeviceGraph.bytes_per_question): per passage, the
@@ -104,9 +103,9 @@ class DeviceGraph:
         ``precision`` (rerank.scoring.resolve_precision), loaded once on this graph's device."""
         got = self._rerankers.get((folder, precision))
         if got is None:
-            from ..rerank import Reranker
+            from .. import models
 
-            got = self._rerankers[(folder, precision)] = Reranker.load(folder or None, self.device, precision=precision)
+            got = self._rerankers[(folder, precision)] = models.load_reranker(folder or None, self.device, precision)
         return got
 
     def rerank_passages(self, reranker):
@@ -228,21 +227,27 @@ class DeviceGraph:
 
 @dataclass
 class Trace:
-    """Intermediate state of a batch, for diagnostics and the demo (tensors on the device)."""
+    """Intermediate state of a batch, for diagnostics, the demo and benchmarks (tensors on the device).
 
-    seeds: torch.Tensor  # [E, B]
-    is_seed: torch.Tensor  # [E, B] bool
-    activation: Activation
-    dense: torch.Tensor  # [B] bool: answered by dense retrieval
+    ``retrieve(..., trace=True)`` fills every field; ``trace="steps"`` only ``ppr_steps`` (cheap enough to time
+    a call with)."""
+
+    seeds: torch.Tensor | None = None  # [E, B]
+    is_seed: torch.Tensor | None = None  # [E, B] bool
+    activation: Activation | None = None
+    dense: torch.Tensor | None = None  # [B] bool: answered by dense retrieval
     chain_seeds: list | None = None  # per question [(entity, seed score)] of the later rounds (chain.py)
     pair_ranks: list | None = None  # per question the ranks (1-based) before the pair rerank of its first two hits
     rerank: object = None  # rerank.Reranked of the rerank stage (rerank_stage.py), None without it
     rounds: list | None = None  # each graph round's own ranking (Retrieved; after its loop rerank), in order
-    # what the batch asked of Python (counting.py; the trace's own diagnostics aside): the values it read back to
-    # the host (on CUDA each waits for the device) and its torch calls, which grow with the PageRank's steps,
-    # not with the batch (no step runs per question)
+    # what the batch asked of Python (runtime/tracing.py; the trace's own diagnostics aside): the values it read
+    # back to the host (on CUDA each waits for the device) and its torch calls, which grow with the PageRank's
+    # steps, not with the batch (no step runs per question)
     host_reads: int | None = None
     torch_calls: int | None = None
+    # the PageRank steps of every graph round (pagerank.StepLog: each step's operator, working columns, L1
+    # change and time marks), in order
+    ppr_steps: StepLog | None = field(default=None, compare=False)
 
 
 def activate_pairs(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig):
@@ -300,16 +305,17 @@ def _ordinary(value):
 class TorchBackend(LocalChain):
     """The torch engine's operations for the stage list (stages.Backend) on one DeviceGraph."""
 
-    def __init__(self, graph: DeviceGraph, memory_budget: int | None = None):
+    def __init__(self, graph: DeviceGraph, memory_budget: int | None = None, steps: StepLog | None = None):
         self.graph = graph
         self.memory_budget = memory_budget
+        self.steps = steps  # the PageRank steps of every round are recorded here when given
 
     @property
     def tables(self):
         return self.graph.chain_tables
 
     def round(self, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool):
-        res = graph_round(self.graph, queries, cfg, trace, self.memory_budget)
+        res = graph_round(self.graph, queries, cfg, trace, self.memory_budget, self.steps)
         return res if trace else (res, None)
 
     def pair_rerank(self, queries, ranking, cfg):
@@ -331,44 +337,61 @@ class TorchBackend(LocalChain):
 
 
 @in_inference_mode
-def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool = False,
+def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool | str = False,
              memory_budget: int | None = None, timings: dict | None = None):
-    """Rank passages for a batch of encoded questions. Returns Retrieved (and a Trace if asked).
+    """Rank passages for a batch of encoded questions. Returns Retrieved, and with ``trace`` (Retrieved, Trace).
 
     The batch runs through the stage list of ``cfg`` (stages.plan: graph rounds, the reranker in the loop, the
     pair rerank, the learned rerank, top-k); each graph round runs in chunks of graph.questions_per_chunk(
     memory_budget, cfg) questions. ``timings``: seconds added to timings["graph"] and timings["rerank"].
-    Runs under torch.inference_mode and returns ordinary tensors (in_inference_mode). A traced batch counts
-    its host reads and torch calls (Trace.host_reads, Trace.torch_calls; the count sees every torch call from
-    Python, which with the trace's own work makes a traced call some 40% slower on the CPU).
+    Runs under torch.inference_mode and returns ordinary tensors (in_inference_mode).
+    ``trace``: True, the whole Trace; a traced batch counts its host reads and torch calls (Trace.host_reads,
+    Trace.torch_calls; the count sees every torch call from Python, which with the trace's own work makes a
+    traced call markedly slower on the CPU). "steps": a Trace holding only the PageRank's steps
+    (Trace.ppr_steps), recorded without reading anything back to the host: what benchmarks time the steps by.
     """
+    if trace not in (False, True, "steps"):
+        raise ValueError(f"trace must be False, True or 'steps', got {trace!r}")
+    steps = StepLog() if trace else None
+    if trace is True and tracing.active() is None:  # the outermost call of a traced batch counts it
+        with tracing.OpCounter() as counter:
+            out, tr = _run(graph, queries, cfg, True, memory_budget, timings, steps)
+        tr.host_reads, tr.torch_calls = counter.host_reads, counter.calls
+    elif trace is True:
+        out, tr = _run(graph, queries, cfg, True, memory_budget, timings, steps)
+    else:
+        out = _run(graph, queries, cfg, False, memory_budget, timings, steps)
+        if steps is None:
+            return out
+        tr = Trace()
+    tr.ppr_steps = steps
+    return out, tr
+
+
+def _run(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool, memory_budget,
+         timings, steps: StepLog | None):
     from . import stages
     from .chain import enabled as chain_enabled
 
-    if trace and counting.active() is None:  # the outermost call of a traced batch counts it
-        with counting.OpCounter() as counter:
-            out, tr = retrieve(graph, queries, cfg, trace, memory_budget, timings)
-        tr.host_reads, tr.torch_calls = counter.host_reads, counter.calls
-        return out, tr
     # the rounds of a chain whose batch runs in one chunk share its passage cosines and eq. 3's scan (kept only
     # for the chain: a kept [P, B] product would add to a chunked batch's memory budget)
     one_chunk = chain_enabled(cfg) and queries.batch_size <= graph.questions_per_chunk(memory_budget, cfg)
     with graph.keeping_last(one_chunk):
-        return stages.run(TorchBackend(graph, memory_budget), queries, cfg, trace, timings)
+        return stages.run(TorchBackend(graph, memory_budget, steps), queries, cfg, trace, timings)
 
 
 def graph_round(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool = False,
-                memory_budget: int | None = None):
+                memory_budget: int | None = None, steps: StepLog | None = None):
     """One graph round (eqs. 3-7) of cfg.top_k passages per question, in chunks of questions: Retrieved (and its
-    Trace with ``trace``)."""
+    Trace with ``trace``). ``steps``: the PageRank's steps are recorded there (pagerank.StepLog)."""
     queries = queries.to(graph.device)
     B = queries.batch_size
     if cfg.use_ppr:
         graph.ppr_graph(cfg.adjacent_passages)  # built once; its size enters the chunk size
     chunk = graph.questions_per_chunk(memory_budget, cfg)
     if B <= chunk:
-        return _retrieve_chunk(graph, queries, cfg, trace)
-    parts = [_retrieve_chunk(graph, queries.slice(b, min(b + chunk, B)), cfg, trace)
+        return _retrieve_chunk(graph, queries, cfg, trace, steps)
+    parts = [_retrieve_chunk(graph, queries.slice(b, min(b + chunk, B)), cfg, trace, steps)
              for b in range(0, B, chunk)]
     outs = [p[0] for p in parts] if trace else parts
     out = Retrieved(torch.cat([o.indices for o in outs]), torch.cat([o.scores for o in outs]))
@@ -383,7 +406,8 @@ def graph_round(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfi
                       torch.cat([t.dense for t in trs]))
 
 
-def _retrieve_chunk(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool):
+def _retrieve_chunk(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool,
+                    steps: StepLog | None = None):
     B = queries.batch_size
     P, E = graph.passage_emb.shape[0], graph.entity_emb.shape[0]
     k = min(cfg.top_k, P)
@@ -411,7 +435,7 @@ def _retrieve_chunk(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalC
             # the entity reset is nonzero only at active pairs (seeds and triggered entities)
             ppr_p, _, valid = personalized_pagerank(graph.ppr_graph(cfg.adjacent_passages), reset_p,
                                                     ColumnEntries(e, bg, act.reset, (E, n)), cfg,
-                                                    entity_scores=False)
+                                                    entity_scores=False, steps=steps)
         else:
             ppr_p, valid = reset_p, torch.ones(n, dtype=torch.bool, device=graph.device)
         use_graph[g] = valid  # a reset summing to 0 falls back to dense retrieval too

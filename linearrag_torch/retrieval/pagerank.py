@@ -2,15 +2,16 @@
 PageRank (eq. 6) by batched block Gauss-Seidel iteration over the passage-entity graph."""
 from __future__ import annotations
 
+import time
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
 from .. import kernels
 from ..config import RetrievalConfig
-from .sparse import ColumnEntries, Csr
+from ..index.csr import Csr
+from .activation import ColumnEntries
 
 
 def minmax(x: torch.Tensor) -> torch.Tensor:
@@ -158,38 +159,66 @@ class PPRGraph:
                                 self.dangling_entity_idx, xp, xe, rp, re, damping, out_p, out_e, self.workspace, joint)
 
 
-class StepObserver:
-    """Watches the power-iteration steps of personalized_pagerank (register with ``observe_steps``).
+@dataclass
+class PPRStep:
+    """One step of a personalized_pagerank call (StepLog)."""
 
-    before_step(graph, columns): right before a step; ``graph`` is the operator the step runs on (the
-    call's graph, or with leaf buckets its copy with the reset's leaves split out: _SplitLeaves);
-    ``columns`` [n] int64 holds the batch column of each of the n working columns (stopped columns
-    leave the working set as the loop compacts it).
-    after_step(graph, columns, change): right after it (kernels.ppr_step); ``change`` [n] is the step's
-    L1 change per working column, that of the full graph.
-    Benchmarks time and count the steps with it; tests read the changes. The defaults do nothing.
-    """
-
-    def before_step(self, graph: PPRGraph, columns: torch.Tensor) -> None:
-        pass
-
-    def after_step(self, graph: PPRGraph, columns: torch.Tensor, change: torch.Tensor) -> None:
-        pass
+    walk: PPRGraph  # the operator it ran on: the call's graph, or its copy with the reset's leaves split out
+    columns: torch.Tensor  # [n] int64: the call's batch column of each working column (stopped ones have left)
+    change: torch.Tensor  # [n]: the step's L1 change per working column, that of the full graph
+    start: object  # time.perf_counter() seconds, or a torch.cuda.Event on a GPU
+    end: object
 
 
-_OBSERVERS: list = []
+class StepLog:
+    """The steps of the personalized_pagerank calls it is passed to (``steps=``), in order: what engine.retrieve
+    returns in Trace.ppr_steps (every graph round of a batch), and what tests read the changes from. Recording
+    reads nothing back to the host: a step's marks are time.perf_counter() on the CPU, CUDA events on a GPU."""
+
+    def __init__(self):
+        self.steps: list[PPRStep] = []
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __iter__(self):
+        return iter(self.steps)
+
+    def step(self, walk: PPRGraph, cols: torch.Tensor, *args) -> torch.Tensor:
+        """walk.ppr_step(*args), recorded with its time marks; returns the L1 change."""
+        cuda = walk.dangling_passages.device.type == "cuda"
+        start = _mark(cuda)
+        change = walk.ppr_step(*args)
+        self.steps.append(PPRStep(walk, cols, change, start, _mark(cuda)))
+        return change
+
+    def seconds(self) -> list:
+        """Each step's seconds (on a GPU, this waits for the device)."""
+        out = []
+        for st in self.steps:
+            if isinstance(st.start, float):
+                out.append(st.end - st.start)
+            else:
+                st.end.synchronize()
+                out.append(st.start.elapsed_time(st.end) / 1e3)
+        return out
+
+    def changes(self, batch: int) -> list:
+        """Each step's L1 change as a [batch] tensor over the call's columns (NaN for the columns no longer
+        iterated)."""
+        out = []
+        for st in self.steps:
+            full = torch.full((batch,), float("nan"), dtype=st.change.dtype, device=st.change.device)
+            out.append(full.index_copy_(0, st.columns, st.change))
+        return out
 
 
-@contextmanager
-def observe_steps(observer: StepObserver):
-    """Call ``observer`` around every PageRank step of this process (any caller, the engine's included)
-    for the ``with`` block; yields the observer."""
-    _OBSERVERS.append(observer)
-    try:
-        yield observer
-    finally:
-        _OBSERVERS.remove(observer)
-
+def _mark(cuda: bool):
+    if cuda:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
 
 
 class _SplitLeaves:
@@ -278,15 +307,15 @@ FLOOR_RULE_BELOW = 1e-4
 
 
 def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch.Tensor, cfg: RetrievalConfig,
-                          entity_scores: bool = True):
+                          entity_scores: bool = True, steps: StepLog | None = None):
     """Eq. 6, batched: the fixed point of x = (1 - d) r + d (walk(x) + dangling(x) r), by block Gauss-Seidel
     steps (kernels.ppr_step: the passages, then the entities from the new passage values; about half the
     steps of the power iteration for the same tolerance).
 
     A question stops when its L1 change is below cfg.ppr_tol, or when the change stops shrinking below
     FLOOR_RULE_BELOW (a tolerance below the dtype's rounding floor would otherwise run to ppr_max_iter); it keeps the
-    iterate of that step. Each step is kernels.ppr_step on the working columns (watched by the
-    observers of ``observe_steps``); a column that stops is
+    iterate of that step. Each step is kernels.ppr_step on the working columns (recorded in ``steps``,
+    a StepLog, when given); a column that stops is
     written out at once and dropped from the working set at the next compaction (when a quarter of it
     has stopped), so late iterations cost only what is left. With graph.leaves the walk runs on the
     merged leaf buckets, the leaves with reset mass on rows of their own (_SplitLeaves, built once per
@@ -327,7 +356,7 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
     cols = torch.arange(B, device=rp.device)
     wrp, wre = rp, re
     if B == 1:  # one question: the same stop rule on Python floats (no tensor bookkeeping per step)
-        x = _one_column(walk, rp, re, d, cfg)
+        x = _one_column(walk, rp, re, d, cfg, steps)
         return _result(x[:rp.shape[0]], x[rp.shape[0]:], valid, lv, split, entity_scores)
     xp, xe = rp.clone(), re.clone()
     bp, be = torch.empty_like(xp), torch.empty_like(xe)
@@ -335,7 +364,7 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
     running = torch.ones_like(valid)  # over the working columns
     n_run = B
     for _ in range(cfg.ppr_max_iter):
-        change = _observed_step(walk, cols, xp, xe, wrp, wre, d, bp, be)
+        change = _step(walk, cols, xp, xe, wrp, wre, d, bp, be, None, steps)
         xp, bp, xe, be = bp, xp, be, xe  # the new iterate; the old one is scratch
         # below FLOOR_RULE_BELOW a change that stops shrinking means the column sits at the float rounding
         # floor (about 1e-7 in float32), where more steps change nothing (see FLOOR_RULE_BELOW)
@@ -376,7 +405,7 @@ def _result(rp, re, valid, lv, split, entity_scores: bool):
     return rp, _expand_entities(lv, re, split), valid
 
 
-def _one_column(walk: PPRGraph, rp, re, d: float, cfg: RetrievalConfig) -> torch.Tensor:
+def _one_column(walk: PPRGraph, rp, re, d: float, cfg: RetrievalConfig, steps: StepLog | None = None) -> torch.Tensor:
     """personalized_pagerank's loop for a batch of one column: the step and the stop rule are the same (the
     tolerance compared in the iterate's dtype, as the tensor comparison does), decided on Python floats.
     The iterate and its buffer each hold the passages and then the entity rows, so that a step takes its L1
@@ -389,7 +418,7 @@ def _one_column(walk: PPRGraph, rp, re, d: float, cfg: RetrievalConfig) -> torch
     xs, bs = (x, x[:P], x[P:]), (buf, buf[:P], buf[P:])  # (whole, passages, entities)
     last = float("inf")
     for _ in range(cfg.ppr_max_iter):
-        change = _observed_step(walk, cols, xs[1], xs[2], rp, re, d, bs[1], bs[2], (xs[0], bs[0]))
+        change = _step(walk, cols, xs[1], xs[2], rp, re, d, bs[1], bs[2], (xs[0], bs[0]), steps)
         xs, bs = bs, xs
         c = float(change)
         if c < tol or (c >= last and c < FLOOR_RULE_BELOW):
@@ -398,14 +427,11 @@ def _one_column(walk: PPRGraph, rp, re, d: float, cfg: RetrievalConfig) -> torch
     return xs[0]
 
 
-def _observed_step(walk: PPRGraph, cols, xp, xe, rp, re, d: float, bp, be, joint=None) -> torch.Tensor:
-    """walk.ppr_step (into bp, be) between the observers' before_step and after_step; returns the L1 change."""
-    for observer in _OBSERVERS:
-        observer.before_step(walk, cols)
-    change = walk.ppr_step(xp, xe, rp, re, d, bp, be, joint)
-    for observer in _OBSERVERS:
-        observer.after_step(walk, cols, change)
-    return change
+def _step(walk: PPRGraph, cols, xp, xe, rp, re, d: float, bp, be, joint=None, steps: StepLog | None = None):
+    """walk.ppr_step (into bp, be), recorded in ``steps`` when given; returns the L1 change."""
+    if steps is None:
+        return walk.ppr_step(xp, xe, rp, re, d, bp, be, joint)
+    return steps.step(walk, cols, xp, xe, rp, re, d, bp, be, joint)
 
 
 def _head(buf: torch.Tensor, cols: int) -> torch.Tensor:

@@ -18,60 +18,14 @@ several batches to accumulate). Nothing here is shared between threads; one call
 """
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
 from typing import Optional, Sequence
 
 import torch
 
-from .. import env
 from ..queries import EncodedQueries
+from ..runtime.tracing import stage
 
 STAGES = ("ner", "lexicon", "encoder", "graph")
-THREADS_ENV = env.THREADS.name
-
-
-def set_threads(n: Optional[int] = None) -> int:
-    """Set torch's intra-op threads (process-wide) to ``n``, else to $LINEARRAG_THREADS when set, else
-    leave them; returns the count in use.
-
-    torch's default (one thread per core) is fastest on idle cores, but its OpenMP threads spin at
-    every barrier: when another busy process shares the cores they wait for each other, and a
-    question batch measured 5-10x slower on 2 shared cores with 2 threads than with 1 (docs/tuning.md,
-    "Question throughput"). On shared cores use 1 thread, or OMP_WAIT_POLICY=PASSIVE in the
-    environment of the process (read when torch loads)."""
-    if n is None and env.THREADS.get():
-        n = int(env.THREADS.get())
-    if n is not None:
-        if n < 1:
-            raise ValueError(f"threads must be >= 1, got {n}")
-        torch.set_num_threads(n)
-    return torch.get_num_threads()
-
-
-class StageTimings(dict):
-    """A timings dict with its own clock: time.perf_counter (wall seconds, what a plain dict gets) or
-    time.process_time (CPU seconds of the whole process: steadier than wall time on cores shared with
-    other busy processes; with one torch thread it is the work done)."""
-
-    def __init__(self, clock=time.perf_counter):
-        super().__init__()
-        self.clock = clock
-
-
-@contextmanager
-def stage(timings: Optional[dict], name: str):
-    """Add the seconds spent in the block to timings[name] (no-op when timings is None), by the
-    dict's ``clock`` attribute when it has one (StageTimings), else wall time."""
-    if timings is None:
-        yield
-        return
-    clock = getattr(timings, "clock", time.perf_counter)
-    t0 = clock()
-    try:
-        yield
-    finally:
-        timings[name] = timings.get(name, 0.0) + clock() - t0
 
 
 class IndexEntityVectors:

@@ -30,7 +30,7 @@ import torch
 from ..config import RetrievalConfig
 from ..queries import EncodedQueries, Retrieved
 from . import chain, pairs, rerank_stage
-from .pipeline import stage as timed
+from ..runtime.tracing import stage as timed
 
 
 class Backend(Protocol):
@@ -175,7 +175,7 @@ def pair_stage(be: Backend, b: Batch) -> None:
     before = b.ranking
     b.ranking = be.pair_rerank(b.queries, before, b.cfg)
     if b.traced:
-        from .counting import uncounted
+        from ..runtime.tracing import uncounted
 
         with uncounted():
             b.trace.pair_ranks = pairs.ranks_before(before, b.ranking)
@@ -218,7 +218,7 @@ def run(be: Backend, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool 
     if not trace:
         return b.ranking
     if b.seeds is not None:
-        from .counting import uncounted
+        from ..runtime.tracing import uncounted
 
         names = be.entity_names
         with uncounted():  # the trace's names are read on the host

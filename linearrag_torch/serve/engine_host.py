@@ -1,18 +1,7 @@
-"""The engine host: what stands behind the HTTP front (serve/front.py) and answers its searches.
-
-An engine host loads the index and the models, warms them, reloads them, and runs the batches. The front
-(schemas, admission, routes) talks to it through this small interface only:
-
-* ``settings``, ``metrics`` (serve/metrics.Metrics), ``ready``, ``load_error``, ``fingerprint``,
-  ``default_top_k``, ``queued`` (questions waiting for a batch);
-* ``await start()`` / ``await stop()``;
-* ``await hits(key, [(question, top_k), ...])``: one list of Hit per question, with the retrieval settings
-  ``key`` (a hashable, sorted tuple of (setting, value));
-* ``await reload()`` (a dict on success, ReloadRefused otherwise) and ``await info()`` (a dict for GET /info).
-
-``LocalEngineHost`` below is the single-process one (an index in this process, one engine thread, the
-dynamic batcher of serve/batcher.py); ``serve/ray_app.RayEngineHost`` sends the searches to Ray Serve engine
-replicas, each of which runs a LocalEngineHost with Ray's batching.
+"""The single-process engine host: an index in this process, one engine thread, the dynamic batcher of
+serve/batcher.py. It satisfies serve/host.EngineHost, the interface the HTTP front (serve/front.py) drives;
+``serve/ray_app.RayEngineHost`` is the other one (its engine replicas each run a LocalEngineHost with Ray's
+batching).
 """
 from __future__ import annotations
 
@@ -47,7 +36,7 @@ def index_fingerprint(index_dir: Path) -> str | None:
 
 
 class LocalEngineHost:
-    """One index served in this process. ``rag``: an already loaded LinearRAG (else it is loaded from
+    """One index served in this process (a serve/host.EngineHost). ``rag``: an already loaded LinearRAG (else it is loaded from
     ``index_dir`` when the host starts; ``ready`` is False until then). ``batcher``: a function of the engine
     call (``run_batch(key, questions)``) returning the batcher to use (default: serve/batcher.Batcher with the
     settings' batching; the Ray engine replicas pass Ray Serve's)."""
@@ -122,7 +111,7 @@ class LocalEngineHost:
         """Start the batcher and load the index in the background (the routes answer 503 until ready)."""
         self._reload_lock = asyncio.Lock()
         if self.settings.threads is not None:
-            from ..retrieval.pipeline import set_threads
+            from ..runtime.threads import set_threads
 
             set_threads(self.settings.threads)  # process-wide: only when asked for
         self.batcher.start()
@@ -181,13 +170,7 @@ class LocalEngineHost:
         rag = LinearRAG(index, self.settings.device, quantize=self.settings.quantize,
                         encoder_backend=self.settings.encoder_backend)
         if like is not None:
-            old, new = like.index.index_config, index.index_config
-            if (old.encoder, old.max_length) == (new.encoder, new.max_length) and str(rag.device) == str(like.device):
-                rag._encoder = like._encoder
-            if (old.spacy_model, tuple(old.dropped_labels)) == (new.spacy_model, tuple(new.dropped_labels)):
-                rag._nlp = like._nlp
-            if old.spacy_model == new.spacy_model:
-                rag._ner_pool = like.ner_pool  # the NER worker processes load the model by name
+            rag.share_models_from(like)
         try:
             self._configure(rag)
             rag.graph  # noqa: B018 (device tensors prepared here, not in the first batch)
@@ -263,7 +246,7 @@ class LocalEngineHost:
         old, self.rag = self.rag, rag
         if old is not None and old.ner_pool is not None:
             if old.ner_pool is rag.ner_pool:
-                old._ner_pool = None  # the NER worker processes now belong to the new index
+                old.detach_ner_pool()  # the NER worker processes now belong to the new index
             else:
                 old.close()  # its NER worker processes load another spaCy model
         del old

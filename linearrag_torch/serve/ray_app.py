@@ -272,7 +272,7 @@ class LinearRAGEngine:
 
 # ---------------------------------------------------------------------------------------------- the ingress
 class RayEngineHost:
-    """The engine host of the ingress (serve/engine_host.py's interface): its searches go to the engine
+    """The engine host of the ingress (a serve/host.EngineHost): its searches go to the engine
     deployment through a DeploymentHandle; it holds no index and no models. The engine replicas report the
     statistics of their batches with each answer, so /metrics has the single-process server's series."""
 

@@ -10,7 +10,7 @@ import torch
 from linearrag_torch.retrieval import engine
 from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.distributed import Comm, Shard, ShardedEngine, passage_bounds, retrieve_job, run_local
-from linearrag_torch.retrieval.sparse import Csr
+from linearrag_torch.index.csr import Csr
 from linearrag_torch.synthetic import random_index, random_queries
 
 TIMEOUT_S = 300  # per group of processes; a run takes ~15 s on two loaded cores

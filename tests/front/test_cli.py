@@ -114,6 +114,34 @@ def test_index_stores_retrieval_settings_that_query_then_uses(tiny_corpus, tiny_
     assert query_json(capsys, folder, *qs) == query_json(capsys, tiny_index, *qs, "--mode", "paper", "--delta", "0.3")
 
 
+
+def test_the_local_build_loads_each_model_once_and_no_ray_code(tiny_corpus, tiny_passages, capsys, tmp_path,
+                                                               monkeypatch):
+    """`linearrag index` and `linearrag add` without --ray: spaCy and the encoder load once each (the question
+    encoder shares the passage encoder's model), and nothing of indexing/ray_build runs."""
+    from linearrag_torch.indexing import ray_build
+
+    loads = []
+    nlp, encoder = models.load_nlp, models.load_encoder
+    monkeypatch.setattr(models, "load_nlp", lambda cfg: loads.append("nlp") or nlp(cfg))
+    monkeypatch.setattr(models, "load_encoder", lambda cfg, device, **kw: loads.append("encoder") or encoder(cfg, device))
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("the local build went through ray_build")
+
+    for name in ("build", "add", "options_from_args", "connect"):
+        monkeypatch.setattr(ray_build, name, no_ray)
+    folder = tmp_path / "index"
+    rc, _, err = run(capsys, "index", tiny_corpus, folder, "--quiet", "--device", "cpu")
+    assert rc == 0, err
+    assert sorted(loads) == ["encoder", "nlp"]
+    loads.clear()
+    more = write_jsonl(tmp_path / "more.jsonl", [{"id": "new", "title": "T", "text": tiny_passages[0]["text"]}])
+    rc, _, err = run(capsys, "add", folder, more, "--quiet", "--device", "cpu")
+    assert rc == 0, err
+    assert sorted(loads) == ["encoder", "nlp"]
+
+
 # ---------------------------------------------------------------- query
 def test_query_json_prints_one_object_per_question(tiny_index, tiny_passages, capsys):
     titles = {p["id"]: p["title"] for p in tiny_passages}

@@ -68,13 +68,14 @@ def test_old_import_paths_are_the_same_functions():
     from linearrag_torch.index import PAUSE_ENV
     from linearrag_torch.indexing import encoding
     from linearrag_torch.kernels import backends
-    from linearrag_torch.retrieval import engine, memory, pipeline
+    from linearrag_torch.retrieval import engine, memory
+    from linearrag_torch.runtime import threads
     from linearrag_torch.serve import settings
 
     assert linearrag_torch.resolve_device is api.resolve_device is env.resolve_device
     assert engine.native_half is env.native_half and encoding.native_bf16 is env.native_bf16
     assert distributed.device_for is env.device_for
-    assert (memory.MEMORY_BUDGET_ENV, pipeline.THREADS_ENV, backends.KERNELS_ENV, settings.API_KEY_ENV, PAUSE_ENV,
+    assert (memory.MEMORY_BUDGET_ENV, threads.THREADS_ENV, backends.KERNELS_ENV, settings.API_KEY_ENV, PAUSE_ENV,
             generation.ENV_CACHE) == (env.MEMORY_BUDGET.name, env.THREADS.name, env.KERNELS.name, env.API_KEY.name,
                                       env.TEST_PAUSE_BEFORE_COMMIT.name, env.LLM_CACHE.name)
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from linearrag_torch.config import IndexConfig, RetrievalConfig
 from linearrag_torch.retrieval.engine import DeviceGraph, retrieve
 from linearrag_torch.index import FORMAT, FORMAT_VERSION, MATRICES, IndexFormatError, TriGraphIndex
-from linearrag_torch.retrieval.sparse import Csr
+from linearrag_torch.index.csr import Csr
 from linearrag_torch.synthetic import random_index, random_queries
 
 STRING_FIELDS = ("passage_ids", "titles", "texts", "sentences", "entities")

@@ -217,6 +217,6 @@ def test_forward_passes_are_the_local_encoders(encoder):
     assert all(len(p) <= encoder.batch_size and (len(p) == 1 or len(p) * len(p[0]) <= encoding.ENCODE_TOKEN_BUDGET)
                for p in passes)
     with torch.inference_mode():
-        pieces = [encoder._encode_pass(p) for p in passes]
+        pieces = [encoder.encode_pass(p) for p in passes]
     assert torch.equal(ray_build.assemble(pieces, where), encoder.encode(texts))
     assert torch.equal(where[-3], where[3]) and torch.equal(where[-2], where[50])

@@ -15,7 +15,7 @@ from linearrag_torch import kernels
 from linearrag_torch.retrieval.activation import nearest_entities
 from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.retrieval.pagerank import PPRGraph
-from linearrag_torch.retrieval.sparse import Csr
+from linearrag_torch.index.csr import Csr
 from linearrag_torch.synthetic import random_index
 from linearrag_torch.testing import passage_reset, ppr_step_reference, sigma_pair
 

@@ -10,7 +10,7 @@ import torch
 
 from conftest import write_jsonl
 from linearrag_torch.rerank import Reranker, RerankerLoadError, RerankerSettings
-from linearrag_torch.rerank.model import base_cross_encoder, load_model, save_model
+from linearrag_torch.models.reranker import base_cross_encoder, load_model, save_model
 from linearrag_torch.rerank.scoring import PassageTokens, QuestionTokens, chain_context, fuse, pair_inputs
 from linearrag_torch.rerank.train import (TrainConfig, listwise_loss, mining_questions, read_training_file,
                                           split_heldout, train)

@@ -12,7 +12,7 @@ from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.retrieval.engine import DeviceGraph, retrieve
 from linearrag_torch.index import TriGraphIndex
 from linearrag_torch.queries import EncodedQueries, PassagePrior, Retrieved
-from linearrag_torch.retrieval.sparse import Csr
+from linearrag_torch.index.csr import Csr
 from linearrag_torch.synthetic import random_index, random_queries
 
 from test_backends_agree import assert_same

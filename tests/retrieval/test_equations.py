@@ -9,7 +9,7 @@ from linearrag_torch.retrieval.activation import propagate_paper
 from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.kernels import top_k_per_segment
 from linearrag_torch.retrieval.pagerank import PPRGraph, minmax, personalized_pagerank
-from linearrag_torch.retrieval.sparse import Csr
+from linearrag_torch.index.csr import Csr
 from linearrag_torch.testing import passage_reset, propagate_reference, seed_entities, sigma_pair
 
 # sentences: s0 = {e0, e1}, s1 = {e1, e2}, s2 = {e2}
@@ -192,7 +192,6 @@ def test_gauss_seidel_change_shrinks_above_the_floor_and_halves_the_steps():
     from linearrag_torch.retrieval import pagerank
     from linearrag_torch.retrieval.engine import DeviceGraph, retrieve
     from linearrag_torch.synthetic import random_index, random_queries
-    from linearrag_torch.testing import ChangeTrace
 
     checked = 0
     for t in range(80):
@@ -201,9 +200,9 @@ def test_gauss_seidel_change_shrinks_above_the_floor_and_halves_the_steps():
                               ppr_max_iter=400, chain_passages=0, pair_candidates=0, delta=0.2)
         ix = random_index(rnd.randint(2, 60), rnd.randint(2, 80), zipf=rnd.uniform(0, 1.5), dim=8, seed=t)
         q = random_queries(ix, 4, seed=t + 1)
-        with pagerank.observe_steps(ChangeTrace(q.batch_size)) as tr:
-            retrieve(DeviceGraph(ix), q, cfg)
-        for col in torch.stack(tr.changes).T if tr.changes else []:
+        _, tr = retrieve(DeviceGraph(ix), q, cfg, trace="steps")
+        changes = tr.ppr_steps.changes(q.batch_size)
+        for col in torch.stack(changes).T if changes else []:
             c = col[~torch.isnan(col)].tolist()
             for a, b in zip(c, c[1:]):
                 if 1e-6 < a < 1e-3:
@@ -232,8 +231,8 @@ def test_gauss_seidel_change_shrinks_above_the_floor_and_halves_the_steps():
     want = _dense_ppr(C, r, d, False)
     xp, xe, _ = personalized_pagerank(PPRGraph.build(ix.C), torch.tensor(r[:P, None]).float(),
                                       torch.tensor(r[P:, None]).float(), RetrievalConfig(damping=d, ppr_tol=1e-6))
-    with pagerank.observe_steps(ChangeTrace(1)) as tr:
-        personalized_pagerank(PPRGraph.build(ix.C), torch.tensor(r[:P, None]).float(), torch.tensor(r[P:, None]).float(),
-                              RetrievalConfig(damping=d, ppr_tol=1e-6))
+    tr = pagerank.StepLog()
+    personalized_pagerank(PPRGraph.build(ix.C), torch.tensor(r[:P, None]).float(), torch.tensor(r[P:, None]).float(),
+                          RetrievalConfig(damping=d, ppr_tol=1e-6), steps=tr)
     assert np.abs(torch.cat([xp, xe]).double().numpy()[:, 0] - want).sum() < 2e-6
-    assert len(tr.changes) <= 0.6 * power_steps, (len(tr.changes), power_steps)
+    assert len(tr) <= 0.6 * power_steps, (len(tr), power_steps)

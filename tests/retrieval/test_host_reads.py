@@ -11,7 +11,6 @@ import torch
 
 from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.kernels import segment_topk
-from linearrag_torch.retrieval import pagerank
 from linearrag_torch.retrieval.engine import DeviceGraph, retrieve
 from linearrag_torch.synthetic import random_index, random_queries
 
@@ -25,18 +24,10 @@ ONCE_PER_CALL = {("sparse_rhs.py", "spmm_sparse_rhs"), ("activation.py", "neares
                  ("activation.py", "propagate_paper")}
 
 
-class Steps(pagerank.StepObserver):
-    def __init__(self):
-        self.steps = 0
-
-    def after_step(self, graph, columns, change):
-        self.steps += 1
-
-
 @contextmanager
 def host_reads_only_where_allowed():
     """Within the block: a host read outside the allowed functions raises, torch.cuda.synchronize always does;
-    yields a dict of the allowed reads' counts (convergence, once per call) and the PageRank steps."""
+    yields a dict of the allowed reads' counts (convergence, once per call)."""
     counts = {"convergence": 0, "once_per_call": 0}
     saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
 
@@ -61,9 +52,7 @@ def host_reads_only_where_allowed():
         setattr(torch.Tensor, name, guarded(name))
     torch.cuda.synchronize = synchronize
     try:
-        with pagerank.observe_steps(Steps()) as steps:
-            yield counts
-        counts["steps"] = steps.steps
+        yield counts
     finally:
         for name, fn in saved.items():
             setattr(torch.Tensor, name, fn)
@@ -83,7 +72,8 @@ def test_retrieve_reads_the_host_only_for_convergence(graph, cfg):
     counts = {}
     for B, queries in ((1, batch.select([int(batch.entity_owner[0])])), (8, batch.slice(0, 8)), (64, batch)):
         with host_reads_only_where_allowed() as c:
-            out = retrieve(graph, queries, cfg)
+            out, tr = retrieve(graph, queries, cfg, trace="steps")  # the steps recorded: nothing read
+        c["steps"] = len(tr.ppr_steps)
         assert out.indices.shape == (B, cfg.top_k)  # the final top-k is copied out by the caller, after this
         counts[B] = c
         # one read per step, and once per round the operator's choice (and with one question, which reads its
@@ -108,11 +98,11 @@ def test_trace_counts_the_batchs_host_reads(graph, monkeypatch):
     for B in (16, 64):
         queries = random_queries(graph.index, B, seed=3)
         with host_reads_only_where_allowed() as c:
-            retrieve(graph, queries, cfg)
-        with pagerank.observe_steps(Steps()) as steps:
-            _, tr = retrieve(graph, queries, cfg, trace=True)
-        assert steps.steps == c["steps"] and tr.host_reads >= c["convergence"] + c["once_per_call"]
-        seen[B] = (tr.host_reads - steps.steps, tr.torch_calls, steps.steps)
+            _, light = retrieve(graph, queries, cfg, trace="steps")
+        _, tr = retrieve(graph, queries, cfg, trace=True)
+        steps = len(tr.ppr_steps)
+        assert steps == len(light.ppr_steps) and tr.host_reads >= c["convergence"] + c["once_per_call"]
+        seen[B] = (tr.host_reads - steps, tr.torch_calls, steps)
     (reads16, calls16, steps16), (reads64, calls64, steps64) = seen[16], seen[64]
     assert reads16 == reads64
     # a step's calls depend a little on its working columns (ppr.GEMV_MIN_COLUMNS), a question adds none

@@ -4,10 +4,9 @@ import torch
 
 from linearrag_torch.retrieval import pagerank
 from linearrag_torch.config import RetrievalConfig
-from linearrag_torch.retrieval.pagerank import PPRGraph, personalized_pagerank
-from linearrag_torch.retrieval.sparse import Csr
+from linearrag_torch.retrieval.pagerank import PPRGraph, StepLog, personalized_pagerank
+from linearrag_torch.index.csr import Csr
 from linearrag_torch.synthetic import random_index
-from linearrag_torch.testing import ChangeTrace
 
 
 def _resets(P, E, B, seed, active=0.05):
@@ -31,11 +30,11 @@ def test_leaf_buckets_give_the_full_walk(adjacent, seed):
     rp, re = _resets(60, 90, 6, seed)
     for tol in (1e-6, 1e-9):  # 1e-9: down to the float32 floor, where the stopping rule matters most
         cfg = RetrievalConfig(damping=0.5, ppr_tol=tol, ppr_max_iter=300)
-        with pagerank.observe_steps(ChangeTrace(6)) as t1:
-            xp1, xe1, v1 = personalized_pagerank(full, rp, re, cfg)
-        with pagerank.observe_steps(ChangeTrace(6)) as t2:
-            xp2, xe2, v2 = personalized_pagerank(merged, rp, re, cfg)
-        changes1, changes2 = t1.changes, t2.changes
+        t1 = StepLog()
+        xp1, xe1, v1 = personalized_pagerank(full, rp, re, cfg, steps=t1)
+        t2 = StepLog()
+        xp2, xe2, v2 = personalized_pagerank(merged, rp, re, cfg, steps=t2)
+        changes1, changes2 = t1.changes(6), t2.changes(6)
         if tol >= 1e-6:  # above the float32 floor: the same steps, stopping at the same time
             assert len(changes1) == len(changes2)
             for c1, c2 in zip(changes1, changes2):  # the L1 change of every step, leaves included
@@ -56,11 +55,11 @@ def test_the_change_of_tracked_leaves_counts_like_the_full_graph():
     re = torch.tensor([[1.0], [0.0], [0.0], [0.0]])  # all reset on leaf e0: e0 and e1 move in opposite directions
     for it in range(1, 8):  # the same iterate and change after any number of steps
         cfg = RetrievalConfig(ppr_tol=1e-30, ppr_max_iter=it)
-        with pagerank.observe_steps(ChangeTrace(1)) as ta:
-            a = personalized_pagerank(full, rp, re, cfg)
-        with pagerank.observe_steps(ChangeTrace(1)) as tb:
-            b = personalized_pagerank(merged, rp, re, cfg)
-        ca, cb = ta.changes, tb.changes
+        ta = StepLog()
+        a = personalized_pagerank(full, rp, re, cfg, steps=ta)
+        tb = StepLog()
+        b = personalized_pagerank(merged, rp, re, cfg, steps=tb)
+        ca, cb = ta.changes(1), tb.changes(1)
         torch.testing.assert_close(b[0], a[0])
         torch.testing.assert_close(b[1], a[1])
         torch.testing.assert_close(torch.stack(cb), torch.stack(ca))
@@ -87,17 +86,17 @@ def test_a_question_alone_takes_the_steps_it_takes_in_a_batch(adjacent, tol, max
     for graph in (PPRGraph.build(C, adjacent), PPRGraph.build(C, adjacent, collapse_leaves=False)):
         rp, re = _resets(60, 90, 6, 2)
         cfg = RetrievalConfig(damping=0.5, ppr_tol=tol, ppr_max_iter=max_iter)
-        with pagerank.observe_steps(ChangeTrace(6)) as batch:
-            xp, xe, valid = personalized_pagerank(graph, rp, re, cfg)
-        changes = torch.stack(batch.changes)  # a stopped column is iterated (ignored) until the set is compacted
+        batch = StepLog()
+        xp, xe, valid = personalized_pagerank(graph, rp, re, cfg, steps=batch)
+        changes = torch.stack(batch.changes(6))  # a stopped column is iterated (ignored) until the set is compacted
         for b in range(6):
-            with pagerank.observe_steps(ChangeTrace(1)) as alone:
-                xp1, xe1, valid1 = personalized_pagerank(graph, rp[:, b:b + 1], re[:, b:b + 1], cfg)
+            alone = StepLog()
+            xp1, xe1, valid1 = personalized_pagerank(graph, rp[:, b:b + 1], re[:, b:b + 1], cfg, steps=alone)
             assert bool(valid1[0]) == bool(valid[b])
-            steps = len(alone.changes)
-            assert steps == _stop_step(torch.cat(alone.changes).tolist(), tol, max_iter)
+            steps = len(alone.changes(1))
+            assert steps == _stop_step(torch.cat(alone.changes(1)).tolist(), tol, max_iter)
             if tol >= 1e-6 or max_iter < 10:  # away from the float32 floor (where late sums round apart): same steps
                 assert steps == _stop_step(changes[:, b].tolist(), tol, max_iter), b
-                torch.testing.assert_close(torch.cat(alone.changes), changes[:steps, b], rtol=1e-2, atol=5e-8)
+                torch.testing.assert_close(torch.cat(alone.changes(1)), changes[:steps, b], rtol=1e-2, atol=5e-8)
             torch.testing.assert_close(xp1[:, 0], xp[:, b], rtol=1e-5, atol=1e-9)
             torch.testing.assert_close(xe1[:, 0], xe[:, b], rtol=1e-4, atol=1e-9)

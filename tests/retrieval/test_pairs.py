@@ -9,7 +9,7 @@ from linearrag_torch.retrieval import pairs, scipy_backend
 from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.retrieval.engine import DeviceGraph, retrieve
 from linearrag_torch.queries import EncodedQueries, Retrieved
-from linearrag_torch.retrieval.sparse import Csr
+from linearrag_torch.index.csr import Csr
 from linearrag_torch.synthetic import random_index, random_queries
 
 from conftest import assert_pair_moved

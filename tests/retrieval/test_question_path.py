@@ -127,7 +127,7 @@ def test_int8_search_and_its_settings(small_rag, nlp, int8_encoder, questions):
 
 
 def test_set_threads(monkeypatch):
-    from linearrag_torch.retrieval.pipeline import THREADS_ENV, set_threads
+    from linearrag_torch.runtime.threads import THREADS_ENV, set_threads
 
     before = torch.get_num_threads()
     try:

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from linearrag_torch.kernels import backends
-from linearrag_torch.retrieval.sparse import Csr
+from linearrag_torch.index.csr import Csr
 
 
 def _dense(a: Csr) -> torch.Tensor:

@@ -95,8 +95,9 @@ def packaged_base_folder() -> Path:
 
 
 def packaged_reranker_folder() -> Path:
-    """The reranker shipped with this package (trained by ``linearrag train-reranker``; MODEL_CARD.md)."""
-    return Path(__file__).resolve().parent / "model"
+    """The reranker shipped with this package, ``linearrag_torch/data/reranker/`` (trained by ``linearrag
+    train-reranker``; its MODEL_CARD.md says how)."""
+    return Path(__file__).resolve().parents[1] / "data" / "reranker"
 
 
 def load_tokenizer(folder: Path):

@@ -1,34 +1,22 @@
-"""Loading what an index is built and queried with, in one place: the passages of a corpus (a JSONL path or a
-list), the spaCy model, and the encoder (for passages in the index's precision; for questions in float32 or as
-``quantize`` asks). LinearRAG, the Ray build, the sharded engine and the build's defaults all load through
+"""The models an index is built and queried with, loaded in one place: the spaCy model, the encoder (for passages
+in the index's precision; for questions in float32 or as ``quantize`` asks) and the learned reranker (its network
+and folder: reranker.py; the one shipped with the package lies in ``linearrag_torch/data/reranker/``).
+LinearRAG, the Ray build, the sharded engine, the engine's reranker and the build's defaults all load through
 these functions (tests stand in their own models by patching ``models.load_nlp`` / ``models.load_encoder``)."""
 from __future__ import annotations
 
 import dataclasses
 import warnings
+from dataclasses import dataclass
 
 import torch
 
-from . import env
-from .config import IndexConfig
-from .corpus import Passage, as_passages, check_new_ids, read_corpus
-
-
-def is_path(corpus) -> bool:
-    return isinstance(corpus, (str, bytes)) or hasattr(corpus, "__fspath__")
-
-
-def read_passages(corpus, first_id: int = 0, existing_ids=()) -> list[Passage]:
-    """The passages of ``corpus`` (a JSONL path, or a list of Passage / dicts), their ids checked new: not
-    repeated and not in ``existing_ids`` (corpus.check_new_ids: InputError naming the file's line). The one
-    check of the ids on the way into an index: callers pass ``ids_checked=True`` to build.add_passages."""
-    passages = read_corpus(corpus, first_id=first_id) if is_path(corpus) else as_passages(corpus, first_id=first_id)
-    check_new_ids(passages, existing_ids, source=corpus if is_path(corpus) else None)
-    return passages
+from .. import env
+from ..config import IndexConfig
 
 
 def load_nlp(cfg: IndexConfig):
-    from .indexing.nlp import load_spacy
+    from ..indexing.nlp import load_spacy
 
     return load_spacy(cfg.spacy_model)
 
@@ -56,7 +44,34 @@ def load_question_encoder(cfg: IndexConfig, device, quantize: str | None = None,
 
 
 def load_encoder(cfg: IndexConfig, device, quantize: str | None = None, backend: str = "torch"):
-    from .indexing.encoding import Encoder
+    from ..indexing.encoding import Encoder
 
     return Encoder(cfg.encoder, device=str(device), max_length=cfg.max_length, batch_size=cfg.batch_size,
                    quantize=quantize, precision=cfg.encoder_precision, backend=backend)
+
+
+@dataclass
+class IndexModels:
+    """What building an index loads, once: the spaCy model, the passage encoder (the index's precision) and the
+    question encoder (the same model in float32, unless the caller chose the encoder)."""
+
+    nlp: object
+    passage_encoder: object
+    question_encoder: object
+
+
+def for_index(cfg: IndexConfig, device, nlp=None, encoder=None) -> IndexModels:
+    """The models of a build with ``cfg`` on ``device``; ``nlp``, ``encoder``: the caller's own, used as they are."""
+    nlp = nlp if nlp is not None else load_nlp(cfg)
+    if encoder is not None:
+        return IndexModels(nlp, encoder, encoder)
+    encoder = load_encoder(cfg, device)
+    return IndexModels(nlp, encoder, with_precision(encoder, "float32"))
+
+
+def load_reranker(folder=None, device="cpu", precision: str = "float32"):
+    """The learned reranker (rerank.Reranker) from ``folder`` (None: the one shipped with the package) on
+    ``device`` in ``precision`` (rerank.scoring.resolve_precision)."""
+    from ..rerank.scoring import Reranker
+
+    return Reranker.load(folder, device, precision=precision)

@@ -1,4 +1,5 @@
-"""Compressed sparse rows as plain tensors, and the few operations the index needs on them.
+"""Compressed sparse rows (Csr) as plain tensors, the layout of the index's matrices, and the few operations
+the index and the engine need on them.
 
 torch's CSR support on CPU lacks transpose-as-CSR, index_select and row sums, so the index keeps
 (crow, col, val) triples and builds torch.sparse_csr tensors (and pre-transposed copies) from them.
@@ -16,23 +17,6 @@ from ..kernels.backends import use_scipy_csr
 # conversions are counting sorts (linear in the entries; 2-3x faster than a torch argsort at 20M entries,
 # and the gap grows with size). The torch paths (argsort) serve other devices; tests compare the two
 # (the switch: kernels.backends.SCIPY_CSR).
-
-
-@dataclass
-class ColumnEntries:
-    """The nonzero entries of a mostly-zero [rows, B] matrix as index lists (row, col, val), sorted by
-    (row, col): the entity side of a batch (a question activates a handful of entities), without a dense
-    [E, B] pass. activation.ActivePairs is one with the activation's other fields beside ``val``."""
-
-    row: torch.Tensor  # int64
-    col: torch.Tensor  # int64
-    val: torch.Tensor
-    shape: tuple
-
-    @staticmethod
-    def from_dense(x: torch.Tensor) -> "ColumnEntries":
-        r, c = torch.nonzero(x, as_tuple=True)  # NaN counts as nonzero: the consumers clean values
-        return ColumnEntries(r, c, x[r, c], tuple(x.shape))
 
 
 def _scipy_coo_to_csr(row, col, val, shape) -> "Csr":
