@@ -247,7 +247,7 @@ class HTTPFront:
             await asyncio.wait_for(read(), self.settings.body_timeout)
         except asyncio.TimeoutError:
             raise HTTPError(408, f"request body not received within {self.settings.body_timeout:g} s",
-                            "body_timeout") from None
+                            "body_timeout", {"Connection": "close"}) from None  # (its rest cannot be read)
         except ClientDisconnect:  # gone while sending its body: nobody reads this answer; counted
             raise HTTPError(499, "the client disconnected while sending its body", "client_gone") from None
         try:

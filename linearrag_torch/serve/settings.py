@@ -31,7 +31,20 @@ class ServeSettings:
     refusal_delay: float = _f(0.5, "seconds a 429 is held before it is sent (a timer: no CPU, no engine place), so "
                                     "that clients retrying at once after a refusal cannot make refusals the server's "
                                     "main work; well-behaved clients wait Retry-After (>= 1 s) anyway (0: at once)")
-    body_timeout: float = _f(10.0, "seconds a client may take to send its request body; a slower one gets 408")
+    body_timeout: float = _f(10.0, "seconds a client may take to send its request body after its head; a slower one "
+                                   "gets 408 and its connection is closed")
+    header_timeout: float = _f(10.0, "seconds a client may take to send a request's head (request line and headers), "
+                                     "from its first byte (from the connection's opening for a new connection); a "
+                                     "slower one gets 408 and its connection is closed")
+    keep_alive_timeout: float = _f(5.0, "seconds an idle keep-alive connection stays open")
+    send_timeout: float = _f(30.0, "seconds a client may leave its responses unread (the server's write buffer "
+                                   "full) before its connection is dropped")
+    max_header_bytes: int = _f(16384, "largest request head (request line and headers); a larger one gets 431 and "
+                                      "its connection is closed")
+    max_connections: int | None = _f(None, "open connections at most; past it a new connection gets 503 and is "
+                                           "closed at once, those open keep their place (default: the process's "
+                                           "open-file limit less an eighth of it, at least 64 kept for files)",
+                                     type=int)
     max_body_bytes: int = _f(1 << 20, "largest request body; a larger one gets 413")
     max_questions: int = _f(256, "most questions in one request")
     max_question_chars: int = _f(2000, "longest question, in characters")
@@ -67,7 +80,7 @@ class ServeSettings:
         if self.api_key is None:
             self.api_key = env.API_KEY.get()
         for name in ("max_batch_size", "max_concurrent", "max_body_bytes", "max_questions", "max_question_chars",
-                     "max_top_k"):
+                     "max_top_k", "max_header_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("max_wait_ms", "gather_ms", "watch"):
@@ -77,8 +90,13 @@ class ServeSettings:
             raise ValueError(f"ner_processes must be >= 0, got {self.ner_processes}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
-        if self.timeout <= 0 or self.body_timeout <= 0 or self.graceful_timeout < 0:
-            raise ValueError("timeout and body_timeout must be > 0 and graceful_timeout >= 0")
+        for name in ("timeout", "body_timeout", "header_timeout", "keep_alive_timeout", "send_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.graceful_timeout < 0:
+            raise ValueError(f"graceful_timeout must be >= 0, got {self.graceful_timeout}")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
         if not 0 <= self.refusal_delay <= 10:
             raise ValueError(f"refusal_delay must be in [0, 10] seconds, got {self.refusal_delay}")
 
