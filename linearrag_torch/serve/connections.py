@@ -30,7 +30,6 @@ counted in /metrics (``linearrag_connections_closed_total{reason}``), beside the
 """
 from __future__ import annotations
 
-import asyncio
 
 BODY_GRACE_S = 1.0  # after body_timeout, the route's own 408 goes out first; the connection is closed this later
 ABORT_AFTER_S = 1.0  # a closed connection whose last bytes the client does not read is aborted this much later

@@ -27,6 +27,12 @@ class ServeSettings:
                                 "call's time) for the clients it answered to send their next questions, while "
                                 "fewer are queued than were in the server at once over the last second (0: off)")
     max_concurrent: int = _f(256, "requests answered at once; one more gets 429 with Retry-After")
+    max_work: int | None = _f(None, "work budget of the requests in flight, in units (a unit is a question of up to "
+                                     "150 characters at top_k <= 50 without rerank; a longer question, a larger top_k "
+                                     "and rerank count more: serve/admission.py); past it 429 (default: 4x "
+                                     "--max-concurrent)", type=int)
+    heavy_share: float = _f(0.5, "share of --max-work guaranteed to heavy requests (over 8 units), the rest to the "
+                                 "light ones; either class borrows the other's share while the other is not refused")
     timeout: float = _f(30.0, "seconds a request may take before it gets 504")
     refusal_delay: float = _f(0.5, "seconds a 429 is held before it is sent (a timer: no CPU, no engine place), so "
                                     "that clients retrying at once after a refusal cannot make refusals the server's "
@@ -97,6 +103,10 @@ class ServeSettings:
             raise ValueError(f"graceful_timeout must be >= 0, got {self.graceful_timeout}")
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
+        if self.max_work is not None and self.max_work < 1:
+            raise ValueError(f"max_work must be >= 1, got {self.max_work}")
+        if not 0 < self.heavy_share < 1:
+            raise ValueError(f"heavy_share must be in (0, 1), got {self.heavy_share}")
         if not 0 <= self.refusal_delay <= 10:
             raise ValueError(f"refusal_delay must be in [0, 10] seconds, got {self.refusal_delay}")
 
