@@ -133,8 +133,9 @@ class RefusalLogSampler(logging.Filter):
 
 
 def connection_limit(settings: ServeSettings) -> int:
-    """Open connections (and their tasks) uvicorn accepts before it answers 503 itself: room for the refusals
-    held ``refusal_delay`` seconds beside the admitted requests."""
+    """Requests at work (uvicorn's tasks) before uvicorn answers 503 itself: room for the refusals held
+    ``refusal_delay`` seconds beside the admitted requests (idle and slow connections do not count: they are
+    --max-connections', serve/connections.py)."""
     return 32 * settings.max_concurrent + 64
 
 
@@ -146,7 +147,7 @@ def serve(index_dir, settings: ServeSettings, llm=None) -> int:
     app = EarlyAdmission(create_app(service, early_admission=False), service.front)  # outermost: refusals cost least
     # connections are bounded in number (--max-connections, below the open-file limit) and in time (the head,
     # the body, unread responses, idle keep-alive: serve/connections.py); past 32x --max-concurrent (+64 for
-    # probes) requests at once uvicorn answers 503, and the kernel's queue of connections not yet accepted is as
+    # probes) requests at work uvicorn answers 503, and the kernel's queue of connections not yet accepted is as
     # long (uvicorn's backlog); one access log line per request at --log-level info (the default) or debug,
     # refusals sampled (RefusalLogSampler)
     limit = connection_limit(settings)

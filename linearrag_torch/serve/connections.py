@@ -17,12 +17,16 @@ way uvicorn arms its keep-alive timer (``loop.call_later`` on the connection):
 - unread responses: a connection whose client leaves its responses unread for ``send_timeout`` s (the
   transport's write buffer stays over its high-water mark: uvicorn pauses the response) is aborted, its buffered
   bytes dropped;
-- number: at most ``max_connections`` open at once. Past it the newest connection, which has sent nothing yet
-  (the slowest possible request), gets 503 with ``Connection: close`` and is closed at once; connections already
-  open keep their place, and the slow ones among them leave by the timeouts above, so the cap frees within
-  ``header_timeout`` s. The default keeps an eighth of the open-file limit (at least 64) for the index's files,
-  logs and pipes, so that the process never reaches the limit (past it the event loop stops accepting for a
-  second at a time).
+- number: at most ``max_connections`` open at once. Past it, a new connection takes the place of a slow or idle
+  one, the newest first: of the connections whose request head or body has been pending SLOW_AFTER_S or more (a
+  well-behaved client sends its head within milliseconds of connecting), the most recent, which gets 503 with
+  ``Connection: close``; else of the keep-alive connections idle SLOW_AFTER_S or more, the one idle the shortest
+  time, closed (a closed-loop client between two requests is idle for milliseconds). With
+  neither, the new connection itself gets the 503 and is closed at once: the connections at work keep their
+  place. So a flood of slow connections churns among itself while new well-behaved clients get in, and the
+  slow ones leave by the timeouts above anyway. The default cap keeps an eighth of the open-file limit (at least
+  64) for the index's files, logs and pipes, so that the process never reaches the limit (past it the event loop
+  stops accepting for a second at a time).
 
 Idle keep-alive connections are closed after ``keep_alive_timeout`` s (uvicorn's own timer). Each closing is
 counted in /metrics (``linearrag_connections_closed_total{reason}``), beside the open connections
@@ -30,10 +34,12 @@ counted in /metrics (``linearrag_connections_closed_total{reason}``), beside the
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 
 BODY_GRACE_S = 1.0  # after body_timeout, the route's own 408 goes out first; the connection is closed this later
 ABORT_AFTER_S = 1.0  # a closed connection whose last bytes the client does not read is aborted this much later
-CLOSE_REASONS = ("header_timeout", "body_timeout", "send_timeout", "header_too_large", "over_cap")
+SLOW_AFTER_S = 1.0  # a head or body pending this long makes its connection slow (the first to give way at the cap)
+CLOSE_REASONS = ("header_timeout", "body_timeout", "send_timeout", "header_too_large", "over_cap", "evicted")
 
 
 def open_file_limit() -> int | None:
@@ -68,6 +74,8 @@ def guarded_protocol(settings, metrics=None, base: type | None = None) -> type:
     """uvicorn's HTTP protocol class (``base``, default uvicorn's ``auto``: httptools', else h11's) with the
     deadlines and the connection cap of ``settings`` (serve/settings.ServeSettings); closings counted in
     ``metrics`` (serve/metrics.Metrics) when given."""
+    from uvicorn.protocols.http.flow_control import service_unavailable
+
     if base is None:
         from uvicorn.protocols.http.auto import AutoHTTPProtocol as base
     cap = settings.max_connections or default_max_connections()
@@ -85,6 +93,14 @@ def guarded_protocol(settings, metrics=None, base: type | None = None) -> type:
     class GuardedProtocol(base):
         __doc__ = f"uvicorn's {base.__name__} with the deadlines and cap of serve/connections.py."
 
+        # the connections that may give way at the cap, each in the order it entered its state (the server's
+        # connections are this class's: one class per server, guarded_protocol): a pending head or body, and idle
+        # keep-alive, each young until SLOW_AFTER_S has passed
+        _young: OrderedDict = OrderedDict()
+        _slow: OrderedDict = OrderedDict()
+        _idle_young: OrderedDict = OrderedDict()
+        _idle: OrderedDict = OrderedDict()
+
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self._phase = None  # ("head", counting) / ("body", cycle id) / ("busy", cycle id): see _phase_now
@@ -93,22 +109,59 @@ def guarded_protocol(settings, metrics=None, base: type | None = None) -> type:
             self._fresh = True  # no response sent yet on this connection
             self._head_bytes = 0  # bytes received while the current request's head is incomplete
             self._tail = b""  # their last 3 bytes (a blank line split between two reads)
+            # uvicorn's limit_concurrency answers 503 (its service_unavailable app) when its connections or its
+            # tasks reach the limit: idle and slow connections would trip it, and they are the cap's; here it
+            # counts the requests at work (tasks) only
+            limit, self.limit_concurrency = self.limit_concurrency, None
+            if limit is not None:
+                app, tasks = self.app, self.tasks
+
+                def app_within_limit(scope, receive, send):
+                    return (service_unavailable if len(tasks) > limit else app)(scope, receive, send)
+
+                self.app = app_within_limit
 
         # ------------------------------------------------------------------ the connection
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self._gauge()
-            if len(self.connections) > cap:  # the newest connection, which has sent nothing yet
-                count("over_cap")
-                self._close(refusal)
-                return
+            if len(self.connections) > cap:
+                victim = self._victim()
+                if victim is None:  # every other connection is at work: this one, the newest, is refused
+                    count("over_cap")
+                    self._close(refusal)
+                    return
+                count("evicted")
+                victim._close(b"" if victim._phase == ("head", False) else refusal)
             self._update()
+
+        def _victim(self):
+            """The newest slow connection, else the newest idle one, else None (module docstring)."""
+            now = self.loop.time()
+            for young, old in ((self._young, self._slow), (self._idle_young, self._idle)):
+                while young:  # (in the order they came: the old ones are at the front)
+                    p, since = next(iter(young.items()))
+                    if now - since < SLOW_AFTER_S:
+                        break
+                    del young[p]
+                    old[p] = since
+            for pool in (self._slow, self._idle):
+                while pool:
+                    p, _ = pool.popitem(last=True)
+                    if not p.transport.is_closing():
+                        return p
+            return None
+
+        def _unlist(self) -> None:
+            for pool in (self._young, self._slow, self._idle_young, self._idle):
+                pool.pop(self, None)
 
         def connection_lost(self, exc) -> None:
             for timer in (self._timer, self._stall):
                 if timer is not None:
                     timer.cancel()
             self._timer = self._stall = None
+            self._unlist()
             super().connection_lost(exc)
             self._gauge()
 
@@ -167,6 +220,11 @@ def guarded_protocol(settings, metrics=None, base: type | None = None) -> type:
                 self._timer = None
             if key[0] != "head":
                 self._head_bytes, self._tail = 0, b""
+            self._unlist()
+            if key == ("head", False):
+                self._idle_young[self] = self.loop.time()
+            elif key[0] != "busy":
+                self._young[self] = self.loop.time()
             if key == ("head", True):
                 self._timer = self.loop.call_later(head_s, self._expired, key)
             elif key[0] == "body":

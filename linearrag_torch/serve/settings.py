@@ -47,9 +47,11 @@ class ServeSettings:
                                    "full) before its connection is dropped")
     max_header_bytes: int = _f(16384, "largest request head (request line and headers); a larger one gets 431 and "
                                       "its connection is closed")
-    max_connections: int | None = _f(None, "open connections at most; past it a new connection gets 503 and is "
-                                           "closed at once, those open keep their place (default: the process's "
-                                           "open-file limit less an eighth of it, at least 64 kept for files)",
+    max_connections: int | None = _f(None, "open connections at most; past it a new connection takes the place of "
+                                           "the newest slow one (head or body pending 1 s or more: 503), else of the "
+                                           "newest one idle 1 s or more, else gets 503 itself (default: the "
+                                           "process's open-file limit less an eighth of it, at least 64 kept for "
+                                           "files)",
                                      type=int)
     max_body_bytes: int = _f(1 << 20, "largest request body; a larger one gets 413")
     max_questions: int = _f(256, "most questions in one request")

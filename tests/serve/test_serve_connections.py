@@ -40,13 +40,13 @@ def bases():
 
 
 @contextmanager
-def guarded(small_rag, base=None, **settings):
+def guarded(small_rag, base=None, limit_concurrency=None, **settings):
     """The small index served as `linearrag serve` serves it (its uvicorn configuration), in a thread: (url,
     service)."""
     s = ServeSettings(**{**SHORT, **settings})
     service = LinearRAGService(None, s, rag=small_rag)
     config = uvicorn_config(create_app(service), s, service.metrics, base=base, port=free_port(),
-                            log_level="warning", access_log=False)
+                            log_level="warning", access_log=False, limit_concurrency=limit_concurrency)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -198,30 +198,48 @@ def test_responses_never_read_block_nobody_and_are_dropped_after_send_timeout(sm
         assert got < n * size and ok(url)
 
 
-def test_the_connection_cap_refuses_the_newest_and_answers_the_connected(small_rag):
-    with guarded(small_rag, max_connections=12, header_timeout=2.0, keep_alive_timeout=30.0) as (url, _):
+def test_the_connection_cap_gives_slow_places_to_new_clients_and_answers_the_connected(small_rag):
+    with guarded(small_rag, max_connections=12, header_timeout=3.0, keep_alive_timeout=30.0) as (url, _):
         with httpx.Client(timeout=TIMEOUT) as kept:  # connected before the flood: keeps its place
             assert kept.post(url + "/v1/search", json={"question": "Who came first?"}).status_code == 200
-            slow = [connect(url) for _ in range(20)]  # send nothing: 11 fit beside `kept`, the rest are refused
+            t0 = time.monotonic()
+            slow = [connect(url) for _ in range(20)]  # send nothing: 11 fit beside `kept`
             refused = 0
-            for s in slow[11:]:
+            for s in slow[11:]:  # the others find no connection slow yet (all younger than 1 s): refused
                 status, headers, _ = read_response(s)
                 refused += status == 503 and headers.get("connection") == "close"
+                s.close()
             assert refused == 9
             for _ in range(5):  # the full server answers the client already connected
                 assert kept.post(url + "/v1/search", json={"question": "Who is kept?"}).status_code == 200
             text = kept.get(url + "/metrics").text
             assert 'linearrag_connections_closed_total{reason="over_cap"} 9.0' in text
             assert "linearrag_open_connections 12.0" in text
-            t0 = time.monotonic()
-            for s in slow[:11]:  # the slow ones leave by header_timeout, and the cap frees
+            time.sleep(max(0.0, t0 + 1.2 - time.monotonic()))  # now they are slow: a new client takes the place
+            assert ok(url)  # of the newest of them, slow[10], which gets 503 and is closed
+            status, headers, _ = read_response(slow[10])
+            assert status == 503 and slow[10].recv(100) == b""
+            assert 'connections_closed_total{reason="evicted"} 1.0' in kept.get(url + "/metrics").text
+            for s in slow[:10]:  # the other slow ones leave by header_timeout, and the cap frees
                 assert s.recv(100) == b""
                 s.close()
-            assert time.monotonic() - t0 <= 2.0 + SLACK
-            for s in slow[11:]:
-                s.close()
+            assert time.monotonic() - t0 <= 3.0 + SLACK
+            slow[10].close()
         assert ok(url)
         assert metric(url, "linearrag_open_connections") <= 2
+
+
+@pytest.mark.parametrize("base", bases())
+def test_uvicorns_limit_counts_requests_at_work_not_slow_connections(small_rag, base):
+    """uvicorn's limit_concurrency (`linearrag serve` sets it) counted every open connection: a few slow ones made
+    it answer 503 to every request. Here it counts the requests at work."""
+    with guarded(small_rag, base, limit_concurrency=4, header_timeout=5.0) as (url, _):
+        slow = [connect(url) for _ in range(10)]
+        for s in slow:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: a")
+        assert ok(url)
+        for s in slow:
+            s.close()
 
 
 def test_an_idle_keep_alive_connection_is_closed_after_keep_alive_timeout(small_rag):
