@@ -14,8 +14,21 @@ than places: docs/benchmarks/serve.md).
 Refusing early is what keeps the engine's time for the requests that can still be answered: a request let
 in to wait past its deadline costs its share of the engine and then fails anyway (504).
 
+By work: a request's cost is the work it brings (as TEI's queue counts tokens, not requests), the sum over its
+questions of ``question_cost``: one unit for a question of up to UNIT_CHARS characters at a top_k up to
+LIGHT_TOP_K without rerank, more in proportion to its length and its top_k beyond those, (1 + RERANK_WEIGHT) times
+with rerank. The pace is measured per unit (the batcher reports each batch's work), the time check counts the
+units inside, and the units of the requests admitted and not answered are bounded by a budget (``max_work``),
+shared by two classes: a request costing more than HEAVY_COST units is heavy. The heavy requests hold at most
+their share of the budget (``heavy_share``; a request larger than it counts as the whole share, and is admitted
+when no other heavy one is inside); the light ones have the rest, and may borrow the heavy share while no heavy
+request has been refused within it in the last CROWD_WINDOW_S seconds. So the heavy requests are answered in
+their share and can never hold the light ones' (a light request is admitted while heavy ones fill their
+share), and the light ones give the heavy share back as soon as heavy requests want it; the batcher then lets
+light requests through between the parts of a heavy one (serve/batcher.py).
+
 Nothing here reads a request: the front calls ``refusal`` before the body is read (serve/front.py's
-EarlyAdmission middleware), and again with the real number of questions once the body is parsed.
+EarlyAdmission middleware), and again with the request's real cost once the body is parsed.
 """
 from __future__ import annotations
 
@@ -27,27 +40,51 @@ RATE_WINDOW_S = 10.0  # the engine's pace is measured over the batches of about 
 RATE_MIN_BATCHES = 8  # ... or, when fewer ran in that window, over the last this many batches
 CROWD_WINDOW_S = 5  # refusals by count in about this many seconds are the crowd waiting to come back
 MAX_RETRY_AFTER_S = 60  # the longest Retry-After the crowd asks for
+UNIT_CHARS = 150  # a question counts one unit per this many characters (at least one)
+LIGHT_TOP_K = 50  # ... times top_k / this beyond it (the hits' serialisation)
+RERANK_WEIGHT = 20  # ... times 1 + this with rerank (the cross-encoder over its candidates)
+HEAVY_COST = 8  # a request of more units is heavy (its class's share of the budget)
+
+
+def question_cost(chars: int, top_k: int, rerank: bool) -> float:
+    """Work units of one question of ``chars`` characters at ``top_k``, with or without rerank."""
+    return max(1.0, chars / UNIT_CHARS) * max(1.0, top_k / LIGHT_TOP_K) * (1 + RERANK_WEIGHT * bool(rerank))
+
+
+def request_cost(questions, top_k: int, rerank: bool) -> float:
+    """Work units of a request: its questions' costs summed."""
+    return sum(question_cost(len(q), top_k, rerank) for q in questions)
 
 
 class Admission:
     """Counts of what is inside and the engine's recent pace. ``engines``: engine replicas answering in
-    parallel (1 in a single process)."""
+    parallel (1 in a single process). ``max_work``: the budget of work units (default 4 x ``max_concurrent``),
+    ``heavy_share`` of it guaranteed to heavy requests."""
 
-    def __init__(self, max_concurrent: int, engines: int = 1):
+    def __init__(self, max_concurrent: int, engines: int = 1, max_work: float | None = None,
+                 heavy_share: float = 0.5):
         self.max_concurrent = max_concurrent
         self.engines = max(1, engines)
+        self.max_work = float(max_work or 4 * max_concurrent)
+        self.share = {"heavy": heavy_share, "light": 1.0 - heavy_share}
         self.in_flight = 0  # requests admitted and not answered
-        self.questions = 0  # questions submitted to the engine host and not answered
-        self._batches: deque = deque(maxlen=512)  # (monotonic end, questions, engine seconds)
+        self.questions = 0  # work units of the questions submitted to the engine host and not answered (a plain
+        # question is one unit)
+        self.work = {"light": 0.0, "heavy": 0.0}  # units of the requests admitted by work and not answered
+        self._heavy_wanted = float("-inf")  # when a heavy request was last refused within the heavy share
+        self._batches: deque = deque(maxlen=512)  # (monotonic end, units, engine seconds)
         self._refused: deque = deque()  # [whole monotonic second, refusals by count in it], the last CROWD_WINDOW_S
 
     def on_batch(self, stats) -> None:
-        """A batch the engine ran (serve/batcher.BatchStats): its pace counts unless it failed."""
-        if stats.error is None and stats.size > 0 and stats.engine_s > 0:
-            self._batches.append((time.monotonic(), stats.size, stats.engine_s))
+        """A batch the engine ran (serve/batcher.BatchStats): its pace counts unless it failed (per unit of work
+        when the batch reports it, else per question)."""
+        units = getattr(stats, "work", None) or stats.size
+        if stats.error is None and units > 0 and stats.engine_s > 0:
+            self._batches.append((time.monotonic(), units, stats.engine_s))
 
     def seconds_per_question(self) -> float | None:
-        """Engine seconds per question over the recent batches, divided among the engines (None: no batch yet)."""
+        """Engine seconds per unit of work (a plain question) over the recent batches, divided among the engines
+        (None: no batch yet)."""
         if not self._batches:
             return None
         now = time.monotonic()
@@ -62,9 +99,11 @@ class Admission:
         spq = self.seconds_per_question()
         return 0.0 if spq is None else (self.questions + questions) * spq
 
-    def refusal(self, deadline: float, questions: int = 1, admitted: bool = False) -> tuple[str, int] | None:
-        """None when a request of ``questions`` questions may go on now, else (the reason, Retry-After seconds).
-        ``admitted``: the request already holds its place (the second check, once its body is parsed)."""
+    def refusal(self, deadline: float, questions: float = 1, admitted: bool = False,
+                cost: float | None = None) -> tuple[str, int] | None:
+        """None when a request of ``questions`` units may go on now, else (the reason, Retry-After seconds).
+        ``admitted``: the request already holds its place (the second check, once its body is parsed), where
+        ``cost`` (its units) is checked against the budget too."""
         if not admitted and self.in_flight >= self.max_concurrent:
             # a place frees when a request in flight is answered: at the latest when all inside are; the crowd
             # refused before this one is let in at the engine's pace
@@ -72,11 +111,51 @@ class Admission:
             spq = self.seconds_per_question() or 0.0  # (once: a refusal's cost is what overload spends)
             wait = max(self.questions * spq, min(MAX_RETRY_AFTER_S, self.crowd() * spq))
             return (f"more than {self.max_concurrent} requests in flight", retry_after(wait))
+        if cost is not None:
+            refused = self._over_budget(cost)
+            if refused is not None:
+                return refused
         wait = self.expected_wait(questions)
         if wait > deadline:
             return (f"the queue would hold it ~{wait:.1f} s, past its {deadline:g} s deadline",
                     retry_after(wait - deadline))
         return None
+
+    @staticmethod
+    def kind(cost: float) -> str:
+        return "heavy" if cost > HEAVY_COST else "light"
+
+    def held(self, cost: float) -> float:
+        """The units a request of ``cost`` holds of the budget: at most its class's share."""
+        return min(cost, self.share[self.kind(cost)] * self.max_work)
+
+    def _over_budget(self, cost: float) -> tuple[str, int] | None:
+        kind = self.kind(cost)
+        held, total = self.held(cost), self.work["light"] + self.work["heavy"]
+        within_share = self.work[kind] + held <= self.share[kind] * self.max_work + 1e-9
+        now = time.monotonic()
+        may_borrow = kind == "light" and now - self._heavy_wanted > CROWD_WINDOW_S
+        if total + held <= self.max_work + 1e-9 and (within_share or may_borrow):
+            return None
+        if kind == "heavy" and within_share:  # the light ones borrow the heavy share: they stop borrowing
+            self._heavy_wanted = now
+        excess = total + held - self.max_work
+        if excess > 1e-9:
+            why = f"the work budget is full ({total:.0f} + {held:.0f} of {self.max_work:.0f} units)"
+        else:
+            excess = self.work[kind] + held - self.share[kind] * self.max_work
+            why = (f"the {kind} requests' share of the work budget is taken ({self.work[kind]:.0f} + {held:.0f} of "
+                   f"{self.share[kind] * self.max_work:.0f} units)")
+        return why, retry_after(max(0.0, excess) * (self.seconds_per_question() or 0.0))
+
+    def take(self, cost: float) -> tuple[str, float]:
+        """The budget held by an admitted request of ``cost`` units until ``give_back``."""
+        ticket = (self.kind(cost), self.held(cost))
+        self.work[ticket[0]] += ticket[1]
+        return ticket
+
+    def give_back(self, ticket: tuple[str, float]) -> None:
+        self.work[ticket[0]] = max(0.0, self.work[ticket[0]] - ticket[1])
 
     def _count_refusal(self) -> None:
         """Counts a refusal by count in its second's bucket, dropping the buckets past CROWD_WINDOW_S (a refusal

@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from .. import __version__
+from .connections import uvicorn_config
 from .front import EarlyAdmission, HTTPFront
 from .service import LinearRAGService
 from .settings import ServeSettings
@@ -132,24 +133,25 @@ class RefusalLogSampler(logging.Filter):
 
 
 def connection_limit(settings: ServeSettings) -> int:
-    """Open connections (and their tasks) uvicorn accepts before it answers 503 itself: room for the refusals
-    held ``refusal_delay`` seconds beside the admitted requests."""
+    """Requests at work (uvicorn's tasks) before uvicorn answers 503 itself: room for the refusals held
+    ``refusal_delay`` seconds beside the admitted requests (idle and slow connections do not count: they are
+    --max-connections', serve/connections.py)."""
     return 32 * settings.max_concurrent + 64
 
 
 def serve(index_dir, settings: ServeSettings, llm=None) -> int:
     """Run the server until SIGINT/SIGTERM (requests in flight are answered first); 0 on a clean stop,
     1 when the index could not be loaded."""
-    import uvicorn
-
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     service = LinearRAGService(index_dir, settings, llm=llm)
     app = EarlyAdmission(create_app(service, early_admission=False), service.front)  # outermost: refusals cost least
-    # open connections are bounded too: past 32x --max-concurrent (+64 for probes) uvicorn answers 503, and the
-    # kernel's queue of connections not yet accepted is as long (uvicorn's backlog); one access log line per
-    # request at --log-level info (the default) or debug, refusals sampled (RefusalLogSampler)
+    # connections are bounded in number (--max-connections, below the open-file limit) and in time (the head,
+    # the body, unread responses, idle keep-alive: serve/connections.py); past 32x --max-concurrent (+64 for
+    # probes) requests at work uvicorn answers 503, and the kernel's queue of connections not yet accepted is as
+    # long (uvicorn's backlog); one access log line per request at --log-level info (the default) or debug,
+    # refusals sampled (RefusalLogSampler)
     limit = connection_limit(settings)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+    config = uvicorn_config(app, settings, service.metrics, log_level=settings.log_level,
                             timeout_graceful_shutdown=settings.graceful_timeout, access_log=True,
                             limit_concurrency=limit, backlog=min(2048, limit))
     server = _server_class()(config)

@@ -4,9 +4,12 @@ The event loop never runs the engine. Requests put their questions in a FIFO que
 future; one collector task forms a batch as soon as the engine is free and either
 ``max_batch_size`` questions are waiting or the oldest of them has waited ``max_wait_ms``, and hands it
 to the single engine thread. Only questions with the same settings share a batch (the engine runs
-one RetrievalConfig per call); a request with more questions than ``max_batch_size`` is split into
-several entries. A request that gave up (timeout, client gone) before its batch formed is dropped
-from the queue and costs no engine time.
+one RetrievalConfig per call). With a ``cost`` function (work units of a question: serve/admission.py) a batch
+also holds at most ``max_batch_size`` units, so that a batch of heavy questions takes the engine about as long as
+a full batch of plain ones. A request larger than a batch is split into parts, and a part is queued only once
+the one before it is answered, behind what came meanwhile: the light requests that arrive while a heavy one is
+answered wait for one of its parts, not for all of them. A request that gave up (timeout, client gone) before
+its batch formed is dropped from the queue and costs no engine time.
 
 With ``gather_ms`` > 0 a batch also waits, after the engine finished its last call, up to gather_ms and
 at most GATHER_SHARE of that call's duration (so the engine idles at most that share of its time, and a
@@ -38,6 +41,7 @@ class _Entry:
     key: Hashable
     questions: list
     future: asyncio.Future
+    work: float = 0.0
     enqueued: float = field(default_factory=time.perf_counter)
 
 
@@ -50,6 +54,7 @@ class BatchStats:
     queue_waits: list  # seconds each entry waited in the queue
     engine_s: float  # seconds of the engine call
     error: BaseException | None = None
+    work: float | None = None  # work units of the batch (None: not counted; a question is one)
 
 
 class Batcher:
@@ -61,12 +66,14 @@ class Batcher:
     """
 
     def __init__(self, run_batch: RunBatch, max_batch_size: int = 64, max_wait_ms: float = 0.0,
-                 on_batch: Callable[[BatchStats], None] | None = None, gather_ms: float = 0.0):
+                 on_batch: Callable[[BatchStats], None] | None = None, gather_ms: float = 0.0,
+                 cost: Callable[[Hashable, object], float] | None = None):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_wait_ms < 0 or gather_ms < 0:
             raise ValueError(f"max_wait_ms and gather_ms must be >= 0, got {max_wait_ms} and {gather_ms}")
         self.run_batch = run_batch
+        self.cost = cost  # cost(key, question): its work units (None: one each)
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait_ms / 1000.0
         self.gather = gather_ms / 1000.0
@@ -106,32 +113,49 @@ class Batcher:
 
     # ------------------------------------------------------------------ use
     async def submit(self, key: Hashable, questions: Sequence) -> list:
-        """One result per question, in order. Cancelling the awaiting task drops the questions that
-        have not reached the engine yet."""
+        """One result per question, in order. A request larger than a batch is queued a part at a time (the
+        module's docstring). Cancelling the awaiting task drops the questions that have not reached the engine
+        yet."""
         if self._task is None or self._stopping:
             raise RuntimeError("the batcher is not running")
         loop = asyncio.get_running_loop()
         questions = list(questions)
-        entries = []
-        for start in range(0, len(questions), self.max_batch_size):
-            part = questions[start:start + self.max_batch_size]
-            entries.append(_Entry(key, part, loop.create_future()))
-        for e in entries:
-            self._queue.append(e)
-            self._waiting += len(e.questions)
         self._inside += len(questions)
         self._note_peak()
-        self._wake.set()
+        results = []
         try:
-            parts = await asyncio.gather(*(e.future for e in entries))
-        except BaseException:
-            for e in entries:
-                e.future.cancel()
-            self._drop_cancelled()  # out of the queue (and its count) now, not when the engine is next free
-            raise
+            for part, work in self._parts(key, questions):
+                e = _Entry(key, part, loop.create_future(), work)
+                self._queue.append(e)
+                self._waiting += len(part)
+                self._wake.set()
+                try:
+                    results += await e.future
+                except BaseException:
+                    e.future.cancel()
+                    self._drop_cancelled()  # out of the queue (and its count) now, not when the engine is next free
+                    raise
         finally:
             self._inside -= len(questions)
-        return [r for part in parts for r in part]
+        return results
+
+    def _parts(self, key: Hashable, questions: list):
+        """(part, its work) of at most max_batch_size questions and units each (at least one question)."""
+        if self.cost is None:
+            for start in range(0, len(questions), self.max_batch_size):
+                part = questions[start:start + self.max_batch_size]
+                yield part, float(len(part))
+            return
+        part, work = [], 0.0
+        for q in questions:
+            c = self.cost(key, q)
+            if part and (len(part) == self.max_batch_size or work + c > self.max_batch_size):
+                yield part, work
+                part, work = [], 0.0
+            part.append(q)
+            work += c
+        if part:
+            yield part, work
 
     def _note_peak(self) -> None:
         now = time.perf_counter()
@@ -206,7 +230,8 @@ class Batcher:
                         e.future.set_result(results[pos:pos + len(e.questions)])
                 pos += len(e.questions)
             if self.on_batch is not None:
-                self.on_batch(BatchStats(len(questions), len(batch), waits, engine_s, error))
+                self.on_batch(BatchStats(len(questions), len(batch), waits, engine_s, error,
+                                         sum(e.work for e in batch) if self.cost is not None else None))
 
     def _drop_cancelled(self) -> None:
         if any(e.future.done() for e in self._queue):
@@ -215,16 +240,19 @@ class Batcher:
             self._queue = kept
 
     def _take(self) -> list[_Entry]:
-        """The oldest entry and, in FIFO order, the next entries with its key that still fit."""
+        """The oldest entry and, in FIFO order, the next entries with its key that still fit (in questions, and
+        in work units with a cost function)."""
         self._drop_cancelled()
         if not self._queue:
             return []
         key = self._queue[0].key
-        batch, rest, n = [], deque(), 0
+        batch, rest, n, work = [], deque(), 0, 0.0
         for e in self._queue:
-            if e.key == key and n + len(e.questions) <= self.max_batch_size:
+            if e.key == key and n + len(e.questions) <= self.max_batch_size and \
+                    (not batch or self.cost is None or work + e.work <= self.max_batch_size):
                 batch.append(e)
                 n += len(e.questions)
+                work += e.work
             else:
                 rest.append(e)
         self._queue = rest

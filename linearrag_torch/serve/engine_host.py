@@ -15,6 +15,7 @@ from typing import Callable
 
 from .. import __version__
 from ..retrieval.memory import release_freed_memory, status_bytes
+from .admission import question_cost
 from .batcher import Batcher
 from .metrics import Metrics
 from .settings import ServeSettings
@@ -52,7 +53,8 @@ class LocalEngineHost:
         self.metrics = metrics or Metrics()
         if batcher is None:
             self.batcher = Batcher(self._run_batch, self.settings.max_batch_size, self.settings.max_wait_ms,
-                                   on_batch=self.metrics.on_batch, gather_ms=self.settings.gather_ms)
+                                   on_batch=self.metrics.on_batch, gather_ms=self.settings.gather_ms,
+                                   cost=self.question_cost)
         else:
             self.batcher = batcher(self._run_batch)
         self.ready = False
@@ -75,6 +77,13 @@ class LocalEngineHost:
     async def hits(self, key: tuple, items: list) -> list:
         """Hits for each (question, top_k) with the retrieval settings ``key``, through the batcher."""
         return await self.batcher.submit(key, items)
+
+    def question_cost(self, key: tuple, item) -> float:
+        """Work units of one (question, top_k) with the retrieval settings ``key`` (serve/admission.py)."""
+        rerank = dict(key).get("rerank")
+        if rerank is None:
+            rerank = self.settings.rerank or bool(self.rag is not None and getattr(self.rag.config, "rerank", False))
+        return question_cost(len(item[0]), item[1], rerank)
 
     async def info(self) -> dict:
         return self.describe()

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
 from . import schemas
-from .admission import Admission
+from .admission import Admission, request_cost
 from .engine_host import ReloadRefused
 from .metrics import CONTENT_TYPE_LATEST
 from .schemas import AnswerResponse, HealthOut, ReloadOut, SearchResponse, cut_echo, hit_dict, search_request_model
@@ -91,7 +91,8 @@ class HTTPFront:
         self.metrics = host.metrics
         self.llm = llm
         self.admission = Admission(getattr(host, "max_in_flight", self.settings.max_concurrent),
-                                   engines=getattr(host, "engines", 1))
+                                   engines=getattr(host, "engines", 1), max_work=self.settings.max_work,
+                                   heavy_share=self.settings.heavy_share)
         self.metrics.batch_listeners.append(self.admission.on_batch)
         self._latency_of = {}  # (route, status) -> its child of request_seconds (labels() costs ~5 us a call)
         self.SearchRequest = search_request_model(self.settings)
@@ -170,13 +171,24 @@ class HTTPFront:
         """(questions, hits per question) of a validated request, through the engine host, within ``deadline``."""
         questions = self._questions(req)
         top_k = req.top_k or self.host.default_top_k
-        self.admission.questions += len(questions)
+        units = self.cost(req)
+        self.admission.questions += units
         try:
             hits = await asyncio.wait_for(self.host.hits(self.batch_key(req), [(q, top_k) for q in questions]),
                                           deadline)
         finally:
-            self.admission.questions -= len(questions)
+            self.admission.questions -= units
         return questions, hits
+
+    def cost(self, req) -> float:
+        """The work units of a validated request (serve/admission.py), as the engine host counts them (rerank as
+        it will run: the request's, else the server's)."""
+        questions, top_k = self._questions(req), req.top_k or self.host.default_top_k
+        of = getattr(self.host, "question_cost", None)
+        if of is not None:
+            key = self.batch_key(req)
+            return sum(of(key, (q, top_k)) for q in questions)
+        return request_cost(questions, top_k, bool(getattr(req, "rerank", None) or self.settings.rerank))
 
     @staticmethod
     def batch_key(req) -> tuple:
@@ -191,11 +203,13 @@ class HTTPFront:
         own = place is None
         if own:
             place = self.admit(self.settings.timeout)
+        ticket = None
         try:
-            n = len(self._questions(req))
-            refused = self.admission.refusal(place.deadline, n, admitted=True) if n > 1 else None
+            cost = self.cost(req)
+            refused = self.admission.refusal(place.deadline, cost, admitted=True, cost=cost)
             if refused is not None:
                 raise self._overloaded(*refused)
+            ticket = self.admission.take(cost)
             return await work(req, place.deadline)
         except asyncio.TimeoutError:
             raise HTTPError(504, f"not answered within {place.deadline:g} s", "timeout") from None
@@ -207,6 +221,8 @@ class HTTPFront:
             raise HTTPError(500, f"engine error (request {rid}): {type(exc).__name__}: {exc}",
                             "engine_error") from None
         finally:
+            if ticket is not None:
+                self.admission.give_back(ticket)
             if own:
                 place.release()
             self.metrics.queued.set(self.host.queued)
@@ -247,7 +263,7 @@ class HTTPFront:
             await asyncio.wait_for(read(), self.settings.body_timeout)
         except asyncio.TimeoutError:
             raise HTTPError(408, f"request body not received within {self.settings.body_timeout:g} s",
-                            "body_timeout") from None
+                            "body_timeout", {"Connection": "close"}) from None  # (its rest cannot be read)
         except ClientDisconnect:  # gone while sending its body: nobody reads this answer; counted
             raise HTTPError(499, "the client disconnected while sending its body", "client_gone") from None
         try:
@@ -266,6 +282,7 @@ class HTTPFront:
                 "llm": {"base_url": self.llm.base_url, "model": self.llm.model} if self.llm is not None else None,
                 "in_flight": self.in_flight,
                 "admission": {"max_in_flight": a.max_concurrent, "questions_inside": a.questions,
+                              "work_inside": {k: round(v, 2) for k, v in a.work.items()}, "max_work": a.max_work,
                               "seconds_per_question": None if spq is None else round(spq, 6),
                               "expected_wait_s": round(a.expected_wait(1), 4), "refused_recently": a.crowd()}}
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for the route)
 
+from .connections import CLOSE_REASONS
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -35,11 +37,17 @@ class Metrics:
                                 namespace=namespace, registry=r)
         self.engine_errors = Counter("engine_errors_total", "Engine calls (batches) that raised: their requests got 500",
                                      namespace=namespace, registry=r)
+        self.open_connections = Gauge("open_connections", "HTTP connections open now (serve/connections.py)",
+                                      namespace=namespace, registry=r)
+        self.connections_closed = Counter("connections_closed_total", "Connections the server closed on its own, by "
+                                          "reason (serve/connections.py)", ["reason"], namespace=namespace, registry=r)
         self.reloads = Counter("reloads_total", "Index reloads, by result", ["result"], namespace=namespace,
                                registry=r)
         self.batch_listeners = []  # more callbacks of on_batch (the front's admission: the engine's pace)
         self._failure_of = {reason: self.failures.labels(reason) for reason in REASONS}  # present at 0 from the
         # start, so rates are defined; kept, as labels() costs ~5 us a call
+        for reason in CLOSE_REASONS:
+            self.connections_closed.labels(reason)
         for result in ("ok", "refused"):
             self.reloads.labels(result)
 

@@ -27,11 +27,32 @@ class ServeSettings:
                                 "call's time) for the clients it answered to send their next questions, while "
                                 "fewer are queued than were in the server at once over the last second (0: off)")
     max_concurrent: int = _f(256, "requests answered at once; one more gets 429 with Retry-After")
+    max_work: int | None = _f(None, "work budget of the requests in flight, in units (a unit is a question of up to "
+                                     "150 characters at top_k <= 50 without rerank; a longer question, a larger top_k "
+                                     "and rerank count more: serve/admission.py); past it 429 (default: 4x "
+                                     "--max-concurrent)", type=int)
+    heavy_share: float = _f(0.5, "share of --max-work guaranteed to heavy requests (over 8 units), the rest to the "
+                                 "light ones; either class borrows the other's share while the other is not refused")
     timeout: float = _f(30.0, "seconds a request may take before it gets 504")
     refusal_delay: float = _f(0.5, "seconds a 429 is held before it is sent (a timer: no CPU, no engine place), so "
                                     "that clients retrying at once after a refusal cannot make refusals the server's "
                                     "main work; well-behaved clients wait Retry-After (>= 1 s) anyway (0: at once)")
-    body_timeout: float = _f(10.0, "seconds a client may take to send its request body; a slower one gets 408")
+    body_timeout: float = _f(10.0, "seconds a client may take to send its request body after its head; a slower one "
+                                   "gets 408 and its connection is closed")
+    header_timeout: float = _f(10.0, "seconds a client may take to send a request's head (request line and headers), "
+                                     "from its first byte (from the connection's opening for a new connection); a "
+                                     "slower one gets 408 and its connection is closed")
+    keep_alive_timeout: float = _f(5.0, "seconds an idle keep-alive connection stays open")
+    send_timeout: float = _f(30.0, "seconds a client may leave its responses unread (the server's write buffer "
+                                   "full) before its connection is dropped")
+    max_header_bytes: int = _f(16384, "largest request head (request line and headers); a larger one gets 431 and "
+                                      "its connection is closed")
+    max_connections: int | None = _f(None, "open connections at most; past it a new connection takes the place of "
+                                           "the newest slow one (head or body pending 1 s or more: 503), else of the "
+                                           "newest one idle 1 s or more, else gets 503 itself (default: the "
+                                           "process's open-file limit less an eighth of it, at least 64 kept for "
+                                           "files)",
+                                     type=int)
     max_body_bytes: int = _f(1 << 20, "largest request body; a larger one gets 413")
     max_questions: int = _f(256, "most questions in one request")
     max_question_chars: int = _f(2000, "longest question, in characters")
@@ -67,7 +88,7 @@ class ServeSettings:
         if self.api_key is None:
             self.api_key = env.API_KEY.get()
         for name in ("max_batch_size", "max_concurrent", "max_body_bytes", "max_questions", "max_question_chars",
-                     "max_top_k"):
+                     "max_top_k", "max_header_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("max_wait_ms", "gather_ms", "watch"):
@@ -77,8 +98,17 @@ class ServeSettings:
             raise ValueError(f"ner_processes must be >= 0, got {self.ner_processes}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
-        if self.timeout <= 0 or self.body_timeout <= 0 or self.graceful_timeout < 0:
-            raise ValueError("timeout and body_timeout must be > 0 and graceful_timeout >= 0")
+        for name in ("timeout", "body_timeout", "header_timeout", "keep_alive_timeout", "send_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.graceful_timeout < 0:
+            raise ValueError(f"graceful_timeout must be >= 0, got {self.graceful_timeout}")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
+        if self.max_work is not None and self.max_work < 1:
+            raise ValueError(f"max_work must be >= 1, got {self.max_work}")
+        if not 0 < self.heavy_share < 1:
+            raise ValueError(f"heavy_share must be in (0, 1), got {self.heavy_share}")
         if not 0 <= self.refusal_delay <= 10:
             raise ValueError(f"refusal_delay must be in [0, 10] seconds, got {self.refusal_delay}")
 

@@ -1,0 +1,110 @@
+"""Admission by work (issue 39, section 3): a request's cost in work units computed by hand, the work budget and
+its heavy share (unit), the batcher's parts by work queued behind what came meanwhile, and a real server on
+127.0.0.1 where heavy requests fill their share and a light request is still admitted while the next heavy one
+is refused with 429 and Retry-After."""
+import asyncio
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from linearrag_torch.serve.admission import Admission, question_cost, request_cost
+from linearrag_torch.serve.batcher import Batcher
+
+
+def test_a_requests_cost_by_hand():
+    assert question_cost(100, 5, False) == 1.0  # the light request: one short question, top_k 5
+    assert question_cost(300, 5, False) == 2.0  # 300 / 150 characters
+    assert question_cost(150, 100, False) == 2.0  # top_k 100 / 50
+    assert question_cost(75, 5, True) == 21.0  # 1 + RERANK_WEIGHT 20
+    assert question_cost(600, 100, True) == 4 * 2 * 21
+    assert request_cost(["a" * 300, "b" * 10], 10, False) == 3.0
+    assert request_cost(["q" * 1000] * 16, 100, False) == pytest.approx(16 * (1000 / 150) * 2)
+
+
+def test_heavy_requests_hold_their_share_and_light_ones_borrow_it_until_heavy_ones_want_it(monkeypatch):
+    from linearrag_torch.serve import admission
+
+    clock = [1000.0]
+    monkeypatch.setattr(admission.time, "monotonic", lambda: clock[0])
+    a = Admission(max_concurrent=64, max_work=64, heavy_share=0.25)  # heavy share 16 units, light 48
+    for _ in range(8):
+        a.on_batch(SimpleNamespace(size=4, work=8.0, engine_s=0.4, error=None))  # 0.05 s per unit
+    assert a.seconds_per_question() == pytest.approx(0.05)
+    heavy = [a.take(10.0)]  # 10 units: heavy
+    assert a.refusal(30.0, 10.0, admitted=True, cost=10.0) is not None  # 10 + 10 > 16: the heavy share is taken
+    assert a.refusal(30.0, 500.0, admitted=True, cost=500.0) is not None  # a big one waits for the share too
+    lights = []
+    for _ in range(54):  # the light ones fill the rest of the budget, borrowing the heavy share's free 6 units
+        assert a.refusal(30.0, 1.0, admitted=True, cost=1.0) is None
+        lights.append(a.take(1.0))
+    assert a.work == {"light": 54.0, "heavy": 10.0}
+    why, after = a.refusal(30.0, 1.0, admitted=True, cost=1.0)
+    assert "budget is full" in why and after == 1
+    for t in heavy + lights[:4]:
+        a.give_back(t)  # 50 light units inside
+    why, _ = a.refusal(30.0, 20.0, admitted=True, cost=20.0)  # counts as the whole share, 16: 50 + 16 > 64
+    assert "budget is full" in why
+    why, _ = a.refusal(30.0, 1.0, admitted=True, cost=1.0)  # a heavy one waits: the light ones stop borrowing
+    assert "light requests' share" in why
+    for t in lights[4:6]:
+        a.give_back(t)  # 48: their own share, all of it
+    assert a.refusal(30.0, 1.0, admitted=True, cost=1.0) is not None
+    assert a.refusal(30.0, 20.0, admitted=True, cost=20.0) is None  # 48 + 16 = 64: the heavy one gets in
+    big = a.take(500.0)
+    assert big == ("heavy", 16.0) and a.work["heavy"] == 16.0
+    clock[0] += admission.CROWD_WINDOW_S + 1  # no heavy request refused lately: the light ones may borrow again
+    a.give_back(big)
+    assert a.refusal(30.0, 1.0, admitted=True, cost=1.0) is None
+
+
+def test_a_heavy_requests_parts_go_by_work_behind_the_light_ones_that_came_meanwhile():
+    batches = []
+
+    def run_batch(key, questions):
+        batches.append(list(questions))
+        time.sleep(0.05)
+        return questions
+
+    async def main():
+        b = Batcher(run_batch, max_batch_size=8, cost=lambda key, q: 4.0 if q.startswith("heavy") else 1.0)
+        b.start()
+        heavy = asyncio.ensure_future(b.submit((), [f"heavy{i}" for i in range(6)]))  # 3 parts of 2 (8 units)
+        await asyncio.sleep(0.02)  # its first part is on the engine
+        lights = [asyncio.ensure_future(b.submit((), [f"light{i}"])) for i in range(3)]
+        out = await asyncio.gather(heavy, *lights)
+        await b.stop()
+        return out
+
+    out = asyncio.run(main())
+    assert out[0] == [f"heavy{i}" for i in range(6)]
+    assert batches[0] == ["heavy0", "heavy1"]  # the lights came during it: they go before its second part
+    assert batches[1] == ["light0", "light1", "light2"]
+    assert batches[2:] == [["heavy2", "heavy3"], ["heavy4", "heavy5"]]
+
+
+def test_a_server_admits_a_light_request_while_heavy_ones_fill_their_share(small_rag):
+    pytest.importorskip("fastapi")
+    httpx = pytest.importorskip("httpx")
+    from test_serve import TIMEOUT, slow_serving
+
+    heavy = {"questions": ["Who directed the film " + "x" * 280] * 5}  # 5 x 2 units: heavy, over its share of 8
+    with slow_serving(small_rag, 1.0, max_work=16, heavy_share=0.5, max_batch_size=64) as (url, service):
+        first = []
+        t = threading.Thread(target=lambda: first.append(httpx.post(url + "/v1/search", json=heavy, timeout=TIMEOUT)))
+        t.start()
+        deadline = time.monotonic() + TIMEOUT
+        while service.front.admission.work["heavy"] < 8:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        second = httpx.post(url + "/v1/search", json=heavy, timeout=TIMEOUT)
+        assert second.status_code == 429 and int(second.headers["retry-after"]) >= 1
+        assert "heavy requests' share" in second.json()["detail"]
+        light = httpx.post(url + "/v1/search", json={"question": "Who directed it?", "top_k": 5}, timeout=TIMEOUT)
+        assert light.status_code == 200
+        t.join(TIMEOUT)
+        assert first[0].status_code == 200 and len(first[0].json()["results"]) == 5
+        assert service.front.admission.work == {"light": 0.0, "heavy": 0.0}
+        info = httpx.get(url + "/info", timeout=TIMEOUT).json()["admission"]
+        assert info["max_work"] == 16 and info["work_inside"] == {"light": 0.0, "heavy": 0.0}
