@@ -506,6 +506,7 @@ def serve_ray(index_dir, settings: ServeSettings, ray_settings: RaySettings, llm
     import ray
     from ray import serve
 
+    from ..cli_common import count
     from ..indexing.ray_build import cluster_line, init_quietly, starts_new_cluster
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -516,7 +517,12 @@ def serve_ray(index_dir, settings: ServeSettings, ray_settings: RaySettings, llm
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        serve.start(http_options={"host": settings.host, "port": settings.port})
+        # Serve's own actors (controller, proxies) and its driver-side logger at WARNING unless --log-level
+        # debug: their start-up INFO lines are noise; the replicas log at --log-level (their access lines)
+        system_level = "DEBUG" if settings.log_level == "debug" else "WARNING"
+        logging.getLogger("ray.serve").setLevel(system_level)
+        serve.start(http_options={"host": settings.host, "port": settings.port},
+                    logging_config={"log_level": system_level})
         try:
             serve.run(build_app(index_dir, settings, ray_settings, llm_factory), name=APP_NAME, route_prefix="/")
         except Exception as exc:  # noqa: BLE001 (the deployment failed: the replicas' error is in the message)
@@ -524,7 +530,7 @@ def serve_ray(index_dir, settings: ServeSettings, ray_settings: RaySettings, llm
             return 1
         replicas = _replica_states().get(ENGINE, {})
         print(f"serving {index_dir} at http://{settings.host}:{settings.port}/ with Ray Serve "
-              f"({replicas.get('RUNNING', 0)} engine replicas running); Ctrl-C stops", file=sys.stderr, flush=True)
+              f"({count(replicas.get('RUNNING', 0), 'engine replica')} running); Ctrl-C stops", file=sys.stderr, flush=True)
         while not stop.wait(1.0):
             pass
         print("stopping: the replicas finish the requests in flight", file=sys.stderr, flush=True)

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, create_model, model_validator
 
-from ..config import MODES, QUESTION_NER, RetrievalConfig
+from ..config import QUESTION_NER, RetrievalConfig
 from .settings import ServeSettings
 
 # upper bounds a client may set for the settings that multiply the engine's work
@@ -126,10 +126,8 @@ def search_request_model(s: ServeSettings) -> type[BaseModel]:
             continue
         typ = type(f.default)
         extra = {}
-        if f.name == "mode":
-            typ = Literal[MODES]  # type: ignore[valid-type]
-        elif f.name == "question_ner":
-            typ = Literal[QUESTION_NER]  # type: ignore[valid-type]
+        if f.metadata.get("choices"):  # mode, question_ner, reranker_precision: an enum in the schema
+            typ = Literal[tuple(f.metadata["choices"])]  # type: ignore[valid-type]
         elif typ is int:
             typ = Int(*SETTING_BOUNDS[f.name])  # every integer setting has its bounds (KeyError: give it some)
         elif typ is float:

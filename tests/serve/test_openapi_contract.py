@@ -127,6 +127,21 @@ def test_the_document_states_the_rule_the_limits_and_the_media_types():
     assert str(LIMITS["max_body_bytes"]) in search["responses"]["413"]["description"]
 
 
+def test_every_setting_with_choices_is_an_enum():
+    """A retrieval setting whose values are a fixed set (mode, question_ner, reranker_precision) is an enum of that
+    set in the body's schema: a client generated from the document can send nothing the server refuses."""
+    from dataclasses import fields
+
+    from linearrag_torch.config import RetrievalConfig
+
+    props = DOCUMENT["paths"]["/v1/search"]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    with_choices = {f.name: list(f.metadata["choices"]) for f in fields(RetrievalConfig) if f.metadata.get("choices")}
+    assert {"mode", "question_ner", "reranker_precision"} <= set(with_choices)
+    for name, choices in with_choices.items():
+        enums = [alt["enum"] for alt in props[name]["anyOf"] if "enum" in alt]
+        assert enums == [choices], name
+
+
 def test_the_blank_question_pattern_is_what_strip_removes():
     """The schema's "not blank" pattern spells out the characters str.strip() removes (regex engines disagree
     on \\s), so that the schema refuses exactly the questions the server calls blank."""
