@@ -54,6 +54,7 @@ SLOW_TESTS = {
     "test_ner_worker_processes_give_the_same_results", "test_cli_query_with_ner_processes",
     "test_a_killed_add_leaves_the_previous_index_and_a_second_writer_is_refused",
     "test_a_full_disk_during_add_delete_or_index_is_a_clear_error_and_changes_nothing",
+    "test_fifty_writers_killed_at_random_points_leave_a_whole_index",
     "test_examples_run_on_the_sample", "test_triton_kernels_in_the_interpreter_match_the_fallbacks",
     "test_conversion_equals_a_fresh_half_build", "test_encoder_equals_sentence_transformers",
     "test_readme_commands_run_as_written", "test_readme_python_snippets_run_as_written",
