@@ -55,6 +55,8 @@ SLOW_TESTS = {
     "test_a_killed_add_leaves_the_previous_index_and_a_second_writer_is_refused",
     "test_a_full_disk_during_add_delete_or_index_is_a_clear_error_and_changes_nothing",
     "test_fifty_writers_killed_at_random_points_leave_a_whole_index",
+    "test_add_into_a_full_tmpfs_fails_in_one_line_and_the_served_index_stays",
+    "test_add_and_delete_with_reloads_under_query_load_fail_no_query",
     "test_examples_run_on_the_sample", "test_triton_kernels_in_the_interpreter_match_the_fallbacks",
     "test_conversion_equals_a_fresh_half_build", "test_encoder_equals_sentence_transformers",
     "test_readme_commands_run_as_written", "test_readme_python_snippets_run_as_written",
