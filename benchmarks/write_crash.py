@@ -30,6 +30,8 @@ import argparse
 import json
 import os
 import random
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -199,10 +201,7 @@ def run_trials(index: Path, more: Path, trials: int, seed: int, step_pause: floa
     named = set(json.loads((folder / "index.json").read_text())["files"].values()) | {"index.json"}
     final = {"op": op, "exit": rc, "files_left": sorted(p.name for p in folder.iterdir() if p.name not in named),
              "state": "S1" if same_state(state_of(folder), s1) else "S0" if same_state(state_of(folder), s0) else "other"}
-    by_step = {}
-    for r in records:
-        key = f"{r['op']}: {r['last_step'] or '(before the write)'}"
-        by_step.setdefault(key, Counter())[r["state"]] += 1
+    by_step = by_last_step(records)
     summary = {
         "trials": trials, "seed": seed, "step_pause_s": step_pause, "whole_run_share": whole_run_share,
         "trials_by_op": dict(Counter(r["op"] for r in records)),
@@ -216,7 +215,7 @@ def run_trials(index: Path, more: Path, trials: int, seed: int, step_pause: floa
         "stale_lock_files_left": sum(r["stale_lock_file"] for r in records),
         "lock_blocked": sum(not r["lock_free"] for r in records),
         "trials_with_leftover_files": sum(bool(r["leftover_files"]) for r in records),
-        "by_last_step": {k: dict(v) for k, v in sorted(by_step.items())},
+        "by_last_step": by_step,
         "reference_seconds": {k: round(v, 2) for k, v in seconds.items()},
         "write_steps": {"add": add_steps, "delete": delete_steps},
         "final_write": final,
@@ -225,6 +224,15 @@ def run_trials(index: Path, more: Path, trials: int, seed: int, step_pause: floa
     summary["ok"] = (summary["damaged_or_unloadable"] == summary["neither_before_nor_after"] == summary["unexpected"]
                      == summary["lock_blocked"] == 0 and final["exit"] == 0 and not final["files_left"])
     return {"summary": summary, "records": records}
+
+
+def by_last_step(records: list) -> dict:
+    """{"op: last step printed": {state found: trials}}, the files' tags left out (each write has its own)."""
+    out = {}
+    for r in records:
+        step = re.sub(r"-[0-9a-f]{12}\.", "-TAG.", r["last_step"] or "(before the write)")
+        out.setdefault(f"{r['op']}: {step}", Counter())[r["state"]] += 1
+    return {k: dict(v) for k, v in sorted(out.items())}
 
 
 def main(argv=None) -> int:
@@ -245,7 +253,7 @@ def main(argv=None) -> int:
         result = run_trials(Path(args.index), Path(args.more), args.trials, args.seed, args.step_pause,
                             args.whole_run_share, Path(args.work) if args.work else Path(tmp))
     result = {"benchmark": "write_crash", "date": time.strftime("%Y-%m-%d"), "machine": args.machine,
-              "note": args.note, "command": "python -m benchmarks.write_crash " + " ".join(argv or sys.argv[1:]),
+              "note": args.note, "command": "python -m benchmarks.write_crash " + shlex.join(argv or sys.argv[1:]),
               **result}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -139,6 +139,8 @@ def test_add_and_delete_with_reloads_under_query_load_fail_no_query(small_index_
         assert candidates, (q, first, last, hits)
         served.update(candidates if len(candidates) == 1 else ())
     assert len(answers) >= 20 and served == set(range(len(states))), (len(answers), served)
+    print(f"{len(answers)} queries answered during {len(writes)} writes and reloads, 0 failed; each the answer of "
+          f"the state before or after a reload; all {len(states)} states seen")
 
 
 def test_a_commit_during_a_load_leaves_no_wrong_fingerprint(small_rag, small_index_dir, tmp_path):
