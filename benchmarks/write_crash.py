@@ -199,8 +199,9 @@ def run_trials(index: Path, more: Path, trials: int, seed: int, step_pause: floa
     op = "add" if current == "S0" else "delete"
     rc = Writer(op, folder, more, None).finish()
     named = set(json.loads((folder / "index.json").read_text())["files"].values()) | {"index.json"}
+    last = state_of(folder)
     final = {"op": op, "exit": rc, "files_left": sorted(p.name for p in folder.iterdir() if p.name not in named),
-             "state": "S1" if same_state(state_of(folder), s1) else "S0" if same_state(state_of(folder), s0) else "other"}
+             "state": "S1" if same_state(last, s1) else "S0" if same_state(last, s0) else "other"}
     by_step = by_last_step(records)
     summary = {
         "trials": trials, "seed": seed, "step_pause_s": step_pause, "whole_run_share": whole_run_share,

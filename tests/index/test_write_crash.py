@@ -75,7 +75,8 @@ def test_a_write_stopped_after_any_step_leaves_the_old_or_the_new_index(tmp_path
         named = set(json.loads((path / "index.json").read_text())["files"].values())
         assert named <= {p.name for p in path.iterdir()}
         old.save(path)  # the next write cleans up what the stopped one left
-        assert {p.name for p in path.iterdir()} == {"index.json", *json.loads((path / "index.json").read_text())["files"].values()}
+        named = json.loads((path / "index.json").read_text())["files"].values()
+        assert {p.name for p in path.iterdir()} == {"index.json", *named}
 
 
 def test_safetensors_io_errors_become_os_errors(tmp_path, monkeypatch):
@@ -94,7 +95,8 @@ def test_safetensors_io_errors_become_os_errors(tmp_path, monkeypatch):
 
     monkeypatch.setattr(storage, "save_file",
                         failing("Error while serializing: I/O error: No space left on device (os error 28)"))
-    with pytest.raises(OSError, match=r"cannot write the index to .*idx: No space left on device; the index there is unchanged") as info:
+    with pytest.raises(OSError, match=r"cannot write the index to .*idx: No space left on device; the index there is "
+                                      "unchanged") as info:
         sample_index(seed=2).save(path)
     assert info.value.errno == 28
     assert sorted(p.name for p in path.iterdir()) == before

@@ -8,7 +8,6 @@ reports is that of the index.json it read, or None when a writer committed durin
 """
 import hashlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
