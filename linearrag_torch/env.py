@@ -87,6 +87,11 @@ TEST_PAUSE_BEFORE_COMMIT = Variable(
     "LINEARRAG_TEST_PAUSE_BEFORE_COMMIT", None,
     "for tests: seconds an index write pauses before it replaces index.json (the commit point)",
     "index/storage.py")
+TEST_WRITE_STEP_PAUSE = Variable(
+    "LINEARRAG_TEST_WRITE_STEP_PAUSE", None,
+    "for tests: seconds an index write pauses after each of its steps, which it prints to stderr "
+    "(benchmarks/write_crash.py kills the writer between them)",
+    "index/storage.py")
 
 # ----------------------------------------------------------------------------------------- other tools' variables
 OPENAI_BASE_URL = Variable("OPENAI_BASE_URL", None, "the chat endpoint when `LINEARRAG_LLM_BASE_URL` is unset",
@@ -115,8 +120,8 @@ TRANSFORMERS_OFFLINE = Variable("TRANSFORMERS_OFFLINE", "1", "as `HF_HUB_OFFLINE
                                 "cli.py, distributed/__main__.py (offline_by_default)")
 
 VARIABLES = (MEMORY_BUDGET, THREADS, KERNELS, CACHE, API_KEY, LLM_BASE_URL, LLM_MODEL, LLM_API_KEY, LLM_CACHE,
-             SHARD_TIMEOUT, TEST_PAUSE_BEFORE_COMMIT, OPENAI_BASE_URL, OPENAI_API_KEY, TRITON_INTERPRET, RANK,
-             WORLD_SIZE, LOCAL_RANK, RAY_ADDRESS, HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE)
+             SHARD_TIMEOUT, TEST_PAUSE_BEFORE_COMMIT, TEST_WRITE_STEP_PAUSE, OPENAI_BASE_URL, OPENAI_API_KEY,
+             TRITON_INTERPRET, RANK, WORLD_SIZE, LOCAL_RANK, RAY_ADDRESS, HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE)
 
 
 def cache_dir() -> Path:

@@ -16,7 +16,8 @@ def index_lock(path):
     """Hold the exclusive write lock of index folder ``path`` (which must exist) for the ``with`` block.
 
     The lock is a non-blocking fcntl.flock on ``path/.lock``, which records the holder's pid and is
-    removed on release (a killed writer leaves the file behind, but not the lock: the kernel drops it).
+    removed on release (a killed writer leaves the file behind, but not the lock: the kernel drops it, so a
+    stale file never blocks the next writer).
     Another process holding it raises IndexLockedError("PATH is locked by another writer (pid N)").
     Re-entrant within a process (save() inside an add's read-modify-write). Readers need no lock.
     """
@@ -51,8 +52,11 @@ def index_lock(path):
             break
         os.close(fd)
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError:  # a full disk: the pid only names the holder in the message above; the lock is the flock
+            pass
         _HELD[key] = 1
         yield
     finally:

@@ -13,15 +13,18 @@ against index.json. Readers take no lock (a reader that loses a race with a writ
 index.json: ``read_retrying``). No pickle anywhere. This module knows files, not the Tri-Graph: it
 writes and returns dicts of tensors and strings (graph.TriGraphIndex.to_files / from_files).
 
-Test hook: when the environment variable LINEARRAG_TEST_PAUSE_BEFORE_COMMIT is set to a number of
+Test hooks: when the environment variable LINEARRAG_TEST_PAUSE_BEFORE_COMMIT is set to a number of
 seconds, ``write`` prints a line to stderr and sleeps that long just before the atomic replacement of
-index.json (the crash-safety test kills the process there).
+index.json (the crash-safety test kills the process there). LINEARRAG_TEST_WRITE_STEP_PAUSE (seconds) makes
+it print each step's name to stderr and pause after it, so that benchmarks/write_crash.py can kill a writer
+between any two steps.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 import stat
 import sys
 import time
@@ -39,6 +42,7 @@ from .errors import IndexFormatError
 from .layout import FORMAT, FORMAT_VERSION, REQUIRED_TENSORS, STRINGS
 
 PAUSE_ENV = env.TEST_PAUSE_BEFORE_COMMIT.name
+STEP_PAUSE_ENV = env.TEST_WRITE_STEP_PAUSE.name
 
 
 def write(path: Path, tensors: dict, strings: dict, fields: dict) -> None:
@@ -47,22 +51,29 @@ def write(path: Path, tensors: dict, strings: dict, fields: dict) -> None:
     tag = uuid.uuid4().hex[:12]
     files = {"tensors": f"tensors-{tag}.safetensors", "strings": f"strings-{tag}.json"}
     tmp = path / f"index.json.{tag}.tmp"
+    step = _stepper(path)
     try:
         # new names: until index.json names them, these files are invisible to readers
+        step("begin")
         (path / files["strings"]).write_text(json.dumps(strings, ensure_ascii=False), encoding="utf-8")
-        save_file(tensors, str(path / files["tensors"]))
+        step("strings written")
+        _save_tensors(tensors, path / files["tensors"])
+        step("tensors written")
         # safetensors writes through a private temporary file (mode 0600): an index built by one user could not
         # be served by another. Give it the mode every other file here has, which the process's umask set
         # (read from the strings file just written, not from os.umask(), which would change it for all threads)
         os.chmod(path / files["tensors"], stat.S_IMODE((path / files["strings"]).stat().st_mode))
         manifest = {}
-        for f in files.values():
+        for role, f in files.items():
             fsync(path / f)
             manifest[f] = {"bytes": (path / f).stat().st_size, "sha256": sha256(path / f)}
+            step(f"{role} file synced")
         meta = {"format": FORMAT, "format_version": FORMAT_VERSION, **fields, "files": files, "manifest": manifest}
         tmp.write_text(json.dumps(meta, indent=1), encoding="utf-8")
+        step("index.json.tmp written")
         fsync(tmp)
         fsync_dir(path)  # the new files' folder entries are durable before index.json points at them
+        step("folder synced")
     except OSError as exc:  # a full disk (ENOSPC), say: the new files go, the index in the folder stays as it was
         for f in (*files.values(), tmp.name):
             (path / f).unlink(missing_ok=True)
@@ -74,10 +85,40 @@ def write(path: Path, tensors: dict, strings: dict, fields: dict) -> None:
               file=sys.stderr, flush=True)
         time.sleep(float(pause))
     os.replace(tmp, path / "index.json")  # the commit point
+    step("index.json replaced")
     fsync_dir(path)
-    for stale in path.iterdir():  # data files of earlier versions, and leftovers of crashed writes
+    step("folder synced after the commit")
+    for stale in sorted(path.iterdir()):  # data files of earlier versions, and leftovers of crashed writes
         if stale.name not in files.values() and stale.name != "index.json" and _is_ours(stale.name):
             stale.unlink(missing_ok=True)
+            step(f"removed {stale.name}")
+    step("end")
+
+
+def _save_tensors(tensors: dict, file: Path) -> None:
+    """safetensors' save_file, whose I/O errors (a full disk, say) become the OSError they are: safetensors
+    raises them as SafetensorError("... No space left on device (os error 28)"), which is no OSError."""
+    try:
+        save_file(tensors, str(file))
+    except SafetensorError as exc:
+        code = re.search(r"\(os error (\d+)\)", str(exc))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(file)) from exc
+
+
+def _stepper(path: Path):
+    """The step hook of ``write``: a no-op, or (LINEARRAG_TEST_WRITE_STEP_PAUSE set) a function that prints
+    the step's name to stderr and sleeps that many seconds."""
+    pause = env.TEST_WRITE_STEP_PAUSE.get()
+    if not pause:
+        return lambda name: None
+
+    def step(name: str) -> None:
+        print(f"linearrag: {STEP_PAUSE_ENV}: {path}: {name}", file=sys.stderr, flush=True)
+        time.sleep(float(pause))
+
+    return step
 
 
 @dataclass

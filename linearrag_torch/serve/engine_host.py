@@ -153,8 +153,7 @@ class LocalEngineHost:
     async def _first_load(self) -> None:
         try:
             if self.rag is None:  # on the engine thread: see _load_beside
-                self.rag = await self.batcher.call(self._load_rag, None)  # configured there
-                self.fingerprint = index_fingerprint(self.index_dir)
+                self.rag, self.fingerprint = await self._fingerprinted(self.batcher.call(self._load_rag, None))
             else:
                 if self.index_dir is not None:
                     self.fingerprint = index_fingerprint(self.index_dir)
@@ -270,11 +269,10 @@ class LocalEngineHost:
         if not self.ready:
             raise ReloadRefused("the first index is not loaded yet")
         async with self._reload_lock:
-            fingerprint = index_fingerprint(self.index_dir)
             t0 = time.perf_counter()
             rag = None
             try:
-                rag = await asyncio.to_thread(self._load_beside, self.rag)
+                rag, fingerprint = await self._fingerprinted(asyncio.to_thread(self._load_beside, self.rag))
                 await self.batcher.call(self._swap, rag)
             except Exception as exc:  # noqa: BLE001
                 if rag is not None and self.rag is not rag:
@@ -289,6 +287,14 @@ class LocalEngineHost:
             log.info("reloaded %s in %.2f s: %s", self.index_dir, time.perf_counter() - t0, rag.index.summary())
             return {"status": "reloaded", "fingerprint": fingerprint, "index": rag.index.summary(),
                     "seconds": round(time.perf_counter() - t0, 3)}
+
+    async def _fingerprinted(self, loading) -> tuple:
+        """(the index that ``await loading`` loaded from INDEX_DIR, the fingerprint of the index.json it read): the
+        folder's fingerprint before and after the load, or None when a writer committed meanwhile (each commit
+        writes an index.json of its own: which of the two was read is then unknown, and the watcher reloads)."""
+        before = index_fingerprint(self.index_dir)
+        rag = await loading
+        return rag, before if index_fingerprint(self.index_dir) == before else None
 
     async def _watch(self) -> None:
         """Reload when index.json changes (a committed `linearrag add` / `delete`)."""
