@@ -67,6 +67,10 @@ class Admission:
         self.engines = max(1, engines)
         self.max_work = float(max_work or 4 * max_concurrent)
         self.share = {"heavy": heavy_share, "light": 1.0 - heavy_share}
+        # places beyond max_concurrent that only heavy requests keep: taken before the body says which class a
+        # request is, given back refused by a light one once it does; without them the light clients, answered
+        # fast and back at once, take every place that frees and a heavy request never finds one
+        self.heavy_places = max(1, round(heavy_share * max_concurrent)) if heavy_share > 0 else 0
         self.in_flight = 0  # requests admitted and not answered
         self.questions = 0  # work units of the questions submitted to the engine host and not answered (a plain
         # question is one unit)
@@ -100,11 +104,13 @@ class Admission:
         return 0.0 if spq is None else (self.questions + questions) * spq
 
     def refusal(self, deadline: float, questions: float = 1, admitted: bool = False,
-                cost: float | None = None) -> tuple[str, int] | None:
+                cost: float | None = None, reserved: bool = False) -> tuple[str, int] | None:
         """None when a request of ``questions`` units may go on now, else (the reason, Retry-After seconds).
         ``admitted``: the request already holds its place (the second check, once its body is parsed), where
-        ``cost`` (its units) is checked against the budget too."""
-        if not admitted and self.in_flight >= self.max_concurrent:
+        ``cost`` (its units) is checked against the budget too; ``reserved``: that place is one of the
+        ``heavy_places`` beyond ``max_concurrent`` (``reserves``), which a light request gives back refused."""
+        if (not admitted and self.in_flight >= self.max_concurrent + self.heavy_places) or (
+                admitted and reserved and cost is not None and self.kind(cost) == "light"):
             # a place frees when a request in flight is answered: at the latest when all inside are; the crowd
             # refused before this one is let in at the engine's pace
             self._count_refusal()
@@ -120,6 +126,10 @@ class Admission:
             return (f"the queue would hold it ~{wait:.1f} s, past its {deadline:g} s deadline",
                     retry_after(wait - deadline))
         return None
+
+    def reserves(self) -> bool:
+        """Whether a place taken now is one of the heavy requests' reserved places."""
+        return self.in_flight >= self.max_concurrent
 
     @staticmethod
     def kind(cost: float) -> str:

@@ -67,10 +67,11 @@ def _header(scope, name: bytes) -> bytes | None:
 class Place:
     """A request's place among the ``max_concurrent`` in flight; ``release()`` gives it back (once)."""
 
-    __slots__ = ("front", "deadline", "held")
+    __slots__ = ("front", "deadline", "held", "reserved")
 
     def __init__(self, front: "HTTPFront", deadline: float):
         self.front, self.deadline, self.held = front, deadline, True
+        self.reserved = front.admission.reserves()  # one of the heavy requests' places (admission.py)
         front.admission.in_flight += 1
         front.metrics.in_flight.inc()
 
@@ -206,7 +207,7 @@ class HTTPFront:
         ticket = None
         try:
             cost = self.cost(req)
-            refused = self.admission.refusal(place.deadline, cost, admitted=True, cost=cost)
+            refused = self.admission.refusal(place.deadline, cost, admitted=True, cost=cost, reserved=place.reserved)
             if refused is not None:
                 raise self._overloaded(*refused)
             ticket = self.admission.take(cost)

@@ -77,8 +77,10 @@ class RaySettings:
     ingress_replicas: int = _f(1, "HTTP ingress replicas (routes, validation, limits, metrics; no models)")
     ray_retries: int = _f(2, "times a search whose replica died mid-request is sent to another replica before "
                              "the client gets 503 with Retry-After")
-    ray_address: str | None = _f(None, "Ray cluster to run on: auto (the one this machine belongs to) or "
-                                       "ray://HOST:10001 (default: start a local Ray)", type=str)
+    ray_address: str | None = _f(None, "Ray cluster to run on: auto (the one this machine belongs to), "
+                                       "ray://HOST:10001, or local (a new one on this machine); default: the Ray "
+                                       "started on this machine with `ray start` if any, else a new local one",
+                        type=str)
 
     def __post_init__(self) -> None:
         if self.replicas is not None and self.replicas < 1:

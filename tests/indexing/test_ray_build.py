@@ -220,3 +220,30 @@ def test_forward_passes_are_the_local_encoders(encoder):
         pieces = [encoder.encode_pass(p) for p in passes]
     assert torch.equal(ray_build.assemble(pieces, where), encoder.encode(texts))
     assert torch.equal(where[-3], where[3]) and torch.equal(where[-2], where[50])
+
+
+# ------------------------------------------------------------------------------------- what the terminal shows
+NOISE = ("WARNING", "Traceback", "core_worker", " E ", "(raylet", "Token authentication")
+
+
+def terminal_lines(stderr: str) -> list[str]:
+    """stderr's lines without the progress bars (tqdm redraws with carriage returns)."""
+    lines = [part.strip() for line in stderr.splitlines() for part in line.split("\r")]
+    return [line for line in lines if line and "%|" not in line]
+
+
+def test_index_ray_prints_a_line_for_the_cluster_and_no_ray_noise(tmp_path):
+    """`linearrag index --ray local` as a user runs it: Ray's start-up says which cluster in one line; no notice
+    of token authentication, no core_worker "E" line about actor restarts, no warnings (issue 37)."""
+    import subprocess
+
+    pytest.importorskip("ray.data")
+    corpus = write_jsonl(tmp_path / "c.jsonl", small_passages()[:6])
+    proc = subprocess.run([sys.executable, "-m", "linearrag_torch.cli", "index", str(corpus), str(tmp_path / "i"),
+                           "--ray", "local", "--ray-encode-cpus", "1"],
+                          capture_output=True, text=True, timeout=RAY_DEADLINE_S)
+    lines = terminal_lines(proc.stderr)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert lines[0].startswith("Ray: a new local Ray cluster, 1 node, ") and "CPUs" in lines[0], lines
+    assert not [line for line in lines if any(n in line for n in NOISE)], lines
+    assert TriGraphIndex.load(tmp_path / "i").num_passages == 6

@@ -340,3 +340,36 @@ def test_cli_ray_flags_need_ray(tmp_path, capsys):
     assert "need --ray" in capsys.readouterr().err
     assert main(["serve", str(tmp_path), "--ray", "--replicas", "2", "--autoscale", "1,2"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_serve_ray_prints_a_line_for_the_cluster_and_no_ray_noise(small_index_dir):
+    """`linearrag serve --ray` as a user runs it (a new local Ray): one line for the cluster, the serving line,
+    the stopping line on SIGTERM and the replicas' own log lines; none of Serve's controller and proxy start-up
+    INFO lines, no token-authentication notice, no warnings (issue 37)."""
+    import signal
+    import subprocess
+    import sys
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "linearrag_torch.cli", "serve", str(small_index_dir), "--ray",
+                             "--ray-address", "local", "--port", str(port), "--replicas", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(line.rstrip() for line in proc.stderr), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 300
+        while not any(line.startswith("serving ") for line in lines) and time.monotonic() < deadline:
+            assert proc.poll() is None, lines
+            time.sleep(1)
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=TIMEOUT).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=120)
+        reader.join(timeout=10)
+    assert rc == 0, lines
+    ours = [line for line in lines if "(ServeReplica:" not in line]
+    assert ours[0].startswith("Ray: a new local Ray cluster, 1 node, "), lines
+    assert ours[1].startswith(f"serving {small_index_dir} at http://127.0.0.1:{port}/ with Ray Serve (1 engine replica "
+                              "running)"), lines
+    assert ours[2:] == ["stopping: the replicas finish the requests in flight"], lines

@@ -23,6 +23,26 @@ def test_a_requests_cost_by_hand():
     assert request_cost(["q" * 1000] * 16, 100, False) == pytest.approx(16 * (1000 / 150) * 2)
 
 
+def test_places_beyond_max_concurrent_are_kept_only_by_heavy_requests():
+    """Light clients answered fast and back at once take every place that frees: the heavy requests' places
+    beyond max_concurrent (heavy_share of it) are taken before the body is read, and given back refused by a
+    request that turns out light."""
+    a = Admission(max_concurrent=4, max_work=64, heavy_share=0.5)  # 2 heavy places beyond the 4
+    assert a.heavy_places == 2
+    a.in_flight = 3
+    assert not a.reserves() and a.refusal(30.0) is None  # the 4th place: anyone's
+    a.in_flight = 4
+    assert a.reserves() and a.refusal(30.0) is None  # the 5th: taken for now
+    why, _ = a.refusal(30.0, 1.0, admitted=True, cost=1.0, reserved=True)  # ... a light request gives it back
+    assert "more than 4 requests in flight" in why
+    assert a.refusal(30.0, 10.0, admitted=True, cost=10.0, reserved=True) is None  # a heavy one keeps it
+    assert a.refusal(30.0, 1.0, admitted=True, cost=1.0, reserved=False) is None  # a light one in its own place
+    a.in_flight = 6
+    why, _ = a.refusal(30.0)  # 4 + 2 places taken: refused before the body
+    assert "more than 4 requests in flight" in why
+    assert Admission(max_concurrent=4, heavy_share=0.0).heavy_places == 0
+
+
 def test_heavy_requests_hold_their_share_and_light_ones_borrow_it_until_heavy_ones_want_it(monkeypatch):
     from linearrag_torch.serve import admission
 
