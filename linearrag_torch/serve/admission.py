@@ -62,7 +62,7 @@ class Admission:
     ``heavy_share`` of it guaranteed to heavy requests."""
 
     def __init__(self, max_concurrent: int, engines: int = 1, max_work: float | None = None,
-                 heavy_share: float = 0.5):
+                 heavy_share: float = 0.25):
         self.max_concurrent = max_concurrent
         self.engines = max(1, engines)
         self.max_work = float(max_work or 4 * max_concurrent)
@@ -70,10 +70,11 @@ class Admission:
         # places beyond max_concurrent that only heavy requests keep: taken before the body says which class a
         # request is, given back refused by a light one once it does; without them the light clients, answered
         # fast and back at once, take every place that frees and a heavy request never finds one
-        self.heavy_places = max(1, round(heavy_share * max_concurrent)) if heavy_share > 0 else 0
+        self.heavy_places = round(heavy_share * max_concurrent)
         self.in_flight = 0  # requests admitted and not answered
         self.questions = 0  # work units of the questions submitted to the engine host and not answered (a plain
         # question is one unit)
+        self.heavy_questions = 0.0  # ... of them, those of heavy requests
         self.work = {"light": 0.0, "heavy": 0.0}  # units of the requests admitted by work and not answered
         self._heavy_wanted = float("-inf")  # when a heavy request was last refused within the heavy share
         self._batches: deque = deque(maxlen=512)  # (monotonic end, units, engine seconds)
@@ -98,10 +99,17 @@ class Admission:
         questions = sum(b[1] for b in recent)
         return sum(b[2] for b in recent) / questions / self.engines
 
-    def expected_wait(self, questions: int = 1) -> float:
-        """Seconds until ``questions`` more questions would be answered (0 before any batch has run)."""
+    def expected_wait(self, questions: float = 1, heavy: bool = False) -> float:
+        """Seconds until ``questions`` more units would be answered (0 before any batch has run). A light
+        request waits for the light units inside, and the heavy ones take at most their share of the engine
+        meanwhile (the batcher's order); a heavy one waits for everything inside."""
         spq = self.seconds_per_question()
-        return 0.0 if spq is None else (self.questions + questions) * spq
+        if spq is None:
+            return 0.0
+        if heavy:
+            return (self.questions + questions) * spq
+        light = self.questions - self.heavy_questions + questions
+        return min(self.questions + questions, light / (1.0 - self.share["heavy"])) * spq
 
     def refusal(self, deadline: float, questions: float = 1, admitted: bool = False,
                 cost: float | None = None, reserved: bool = False) -> tuple[str, int] | None:
@@ -115,13 +123,13 @@ class Admission:
             # refused before this one is let in at the engine's pace
             self._count_refusal()
             spq = self.seconds_per_question() or 0.0  # (once: a refusal's cost is what overload spends)
-            wait = max(self.questions * spq, min(MAX_RETRY_AFTER_S, self.crowd() * spq))
+            wait = max(self.expected_wait(0), min(MAX_RETRY_AFTER_S, self.crowd() * spq))
             return (f"more than {self.max_concurrent} requests in flight", retry_after(wait))
         if cost is not None:
             refused = self._over_budget(cost)
             if refused is not None:
                 return refused
-        wait = self.expected_wait(questions)
+        wait = self.expected_wait(questions, heavy=cost is not None and self.kind(cost) == "heavy")
         if wait > deadline:
             return (f"the queue would hold it ~{wait:.1f} s, past its {deadline:g} s deadline",
                     retry_after(wait - deadline))

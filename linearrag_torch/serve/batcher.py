@@ -33,6 +33,7 @@ from typing import Callable, Hashable, Sequence
 # run_batch(key, questions) -> one result per question, called on the engine thread
 RunBatch = Callable[[Hashable, list], list]
 PEAK_WINDOW_S = 1.0  # gather_ms: the recent concurrency is the most questions inside over about this long
+SERVED_DECAY = 0.9  # the work each class ran counts for about the last 1 / (1 - this) batches
 GATHER_SHARE = 0.25  # gather_ms: the wait is at most this share of the last engine call's duration
 
 
@@ -43,6 +44,7 @@ class _Entry:
     future: asyncio.Future
     work: float = 0.0
     enqueued: float = field(default_factory=time.perf_counter)
+    heavy: bool = False  # a part of a request of more than heavy_cost units
 
 
 @dataclass
@@ -67,13 +69,17 @@ class Batcher:
 
     def __init__(self, run_batch: RunBatch, max_batch_size: int = 64, max_wait_ms: float = 0.0,
                  on_batch: Callable[[BatchStats], None] | None = None, gather_ms: float = 0.0,
-                 cost: Callable[[Hashable, object], float] | None = None):
+                 cost: Callable[[Hashable, object], float] | None = None, heavy_share: float | None = None,
+                 heavy_cost: float = float("inf")):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_wait_ms < 0 or gather_ms < 0:
             raise ValueError(f"max_wait_ms and gather_ms must be >= 0, got {max_wait_ms} and {gather_ms}")
         self.run_batch = run_batch
         self.cost = cost  # cost(key, question): its work units (None: one each)
+        # with a cost: the heavy requests' (over heavy_cost units) share of the engine's work while light ones wait
+        self.heavy_share, self.heavy_cost = heavy_share, heavy_cost
+        self._served = {False: 0.0, True: 0.0}  # engine seconds per class (heavy?), decaying by SERVED_DECAY a batch
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait_ms / 1000.0
         self.gather = gather_ms / 1000.0
@@ -123,9 +129,11 @@ class Batcher:
         self._inside += len(questions)
         self._note_peak()
         results = []
+        parts = list(self._parts(key, questions))
+        heavy = sum(w for _, w in parts) > self.heavy_cost
         try:
-            for part, work in self._parts(key, questions):
-                e = _Entry(key, part, loop.create_future(), work)
+            for part, work in parts:
+                e = _Entry(key, part, loop.create_future(), work, heavy=heavy)
                 self._queue.append(e)
                 self._waiting += len(part)
                 self._wake.set()
@@ -229,6 +237,11 @@ class Batcher:
                     else:
                         e.future.set_result(results[pos:pos + len(e.questions)])
                 pos += len(e.questions)
+            for cls in self._served:
+                self._served[cls] *= SERVED_DECAY
+            total = sum(e.work for e in batch) or 1.0
+            for e in batch:  # the engine's seconds, shared by the batch's entries in proportion to their work
+                self._served[e.heavy] += engine_s * e.work / total
             if self.on_batch is not None:
                 self.on_batch(BatchStats(len(questions), len(batch), waits, engine_s, error,
                                          sum(e.work for e in batch) if self.cost is not None else None))
@@ -239,15 +252,28 @@ class Batcher:
             self._waiting = sum(len(e.questions) for e in kept)
             self._queue = kept
 
+    def _head(self) -> _Entry:
+        """The entry the next batch starts from: the oldest one, except that while both classes wait, the oldest
+        of the class that has had less than its share of the engine's recent time (heavy_share for the heavy ones):
+        then a heavy request's parts, each up to a batch of work, cannot take the engine from the light ones."""
+        oldest = self._queue[0]
+        if self.heavy_share is None:
+            return oldest
+        heavy_first = self._served[True] < self.heavy_share * (self._served[True] + self._served[False])
+        return next((e for e in self._queue if e.heavy == heavy_first), oldest)
+
     def _take(self) -> list[_Entry]:
-        """The oldest entry and, in FIFO order, the next entries with its key that still fit (in questions, and
-        in work units with a cost function)."""
+        """The head entry (``_head``) and, in FIFO order, the next entries with its key that still fit (in
+        questions, and in work units with a cost function)."""
         self._drop_cancelled()
         if not self._queue:
             return []
-        key = self._queue[0].key
-        batch, rest, n, work = [], deque(), 0, 0.0
+        head = self._head()
+        key = head.key
+        batch, rest, n, work = [head], deque(), len(head.questions), head.work
         for e in self._queue:
+            if e is head:
+                continue
             if e.key == key and n + len(e.questions) <= self.max_batch_size and \
                     (not batch or self.cost is None or work + e.work <= self.max_batch_size):
                 batch.append(e)

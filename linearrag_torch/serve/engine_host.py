@@ -15,7 +15,7 @@ from typing import Callable
 
 from .. import __version__
 from ..retrieval.memory import release_freed_memory, status_bytes
-from .admission import question_cost
+from .admission import HEAVY_COST, question_cost
 from .batcher import Batcher
 from .metrics import Metrics
 from .settings import ServeSettings
@@ -54,7 +54,8 @@ class LocalEngineHost:
         if batcher is None:
             self.batcher = Batcher(self._run_batch, self.settings.max_batch_size, self.settings.max_wait_ms,
                                    on_batch=self.metrics.on_batch, gather_ms=self.settings.gather_ms,
-                                   cost=self.question_cost)
+                                   cost=self.question_cost, heavy_share=self.settings.heavy_share,
+                                   heavy_cost=HEAVY_COST)
         else:
             self.batcher = batcher(self._run_batch)
         self.ready = False

@@ -173,12 +173,15 @@ class HTTPFront:
         questions = self._questions(req)
         top_k = req.top_k or self.host.default_top_k
         units = self.cost(req)
+        heavy = units if self.admission.kind(units) == "heavy" else 0.0
         self.admission.questions += units
+        self.admission.heavy_questions += heavy
         try:
             hits = await asyncio.wait_for(self.host.hits(self.batch_key(req), [(q, top_k) for q in questions]),
                                           deadline)
         finally:
             self.admission.questions -= units
+            self.admission.heavy_questions -= heavy
         return questions, hits
 
     def cost(self, req) -> float:

@@ -31,8 +31,9 @@ class ServeSettings:
                                      "150 characters at top_k <= 50 without rerank; a longer question, a larger top_k "
                                      "and rerank count more: serve/admission.py); past it 429 (default: 4x "
                                      "--max-concurrent)", type=int)
-    heavy_share: float = _f(0.5, "share of --max-work guaranteed to heavy requests (over 8 units), the rest to the "
-                                 "light ones; either class borrows the other's share while the other is not refused")
+    heavy_share: float = _f(0.25, "share of --max-work, and of the engine's work while light requests wait, "
+                                  "guaranteed to heavy requests (over 8 units), the rest to the light ones; either "
+                                  "class borrows the other's share while the other is not refused")
     timeout: float = _f(30.0, "seconds a request may take before it gets 504")
     refusal_delay: float = _f(0.5, "seconds a 429 is held before it is sent (a timer: no CPU, no engine place), so "
                                     "that clients retrying at once after a refusal cannot make refusals the server's "

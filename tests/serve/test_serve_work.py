@@ -104,6 +104,51 @@ def test_a_heavy_requests_parts_go_by_work_behind_the_light_ones_that_came_meanw
     assert batches[2:] == [["heavy2", "heavy3"], ["heavy4", "heavy5"]]
 
 
+def test_while_both_classes_wait_the_batch_starts_from_the_one_below_its_share_of_the_work():
+    """With heavy_share 0.25, a batch starts from the oldest heavy part only while the heavy requests have run
+    less than a quarter of the recent work, else from the oldest light request (the heavy part is older in both
+    cases); the engine's seconds of each batch are counted per class, decaying."""
+    from linearrag_torch.serve.batcher import SERVED_DECAY, _Entry
+
+    loop = asyncio.new_event_loop()
+    try:
+        b = Batcher(lambda key, qs: qs, max_batch_size=8, cost=lambda key, q: 1.0, heavy_share=0.25, heavy_cost=8)
+        heavy = _Entry((), ["h"] * 8, loop.create_future(), 8.0, heavy=True)
+        light = _Entry((), ["l"], loop.create_future(), 1.0)
+        b._served = {False: 3.0, True: 1.5}  # heavy 33% > 25%: the light one first, alone (8 + 1 > 8)
+        b._queue.extend([heavy, light])
+        b._waiting = 9
+        assert b._take() == [light] and list(b._queue) == [heavy]
+        b._served = {False: 3.0, True: 0.5}  # heavy 14% < 25%: the heavy part
+        b._queue.append(light)
+        assert b._take() == [heavy]
+        b._queue.clear()
+        b._queue.extend([heavy, light])
+        b.heavy_share = None  # without a share: the oldest, as before
+        assert b._take() == [heavy]
+    finally:
+        loop.close()
+    served = []
+
+    def run(key, qs):
+        time.sleep(0.02 * len(qs))
+        return qs
+
+    async def main():
+        c = Batcher(run, max_batch_size=8, cost=lambda key, q: 4.0 if q == "h" else 1.0,
+                    heavy_share=0.25, heavy_cost=7)
+        c.start()
+        await asyncio.gather(c.submit((), ["h", "h"]), c.submit((), ["l"]))  # one heavy part of 8 units, 1 light
+        served.append(dict(c._served))
+        await c.stop()
+
+    asyncio.run(main())
+    # nothing served yet: the heavy part is not below its share (0 < 0), the light one goes first, then the heavy;
+    # each counts the engine's seconds of its batch
+    assert served[0][True] >= 0.04 and served[0][False] >= 0.02 * SERVED_DECAY  # the sleeps: at least this long
+    assert served[0][True] < 0.04 + served[0][False] / SERVED_DECAY  # the light batch's seconds were decayed once
+
+
 def test_a_server_admits_a_light_request_while_heavy_ones_fill_their_share(small_rag):
     pytest.importorskip("fastapi")
     httpx = pytest.importorskip("httpx")
