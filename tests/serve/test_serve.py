@@ -37,17 +37,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextmanager
-def running(app):
-    """Serve ``app`` with uvicorn on 127.0.0.1 in a thread; yields the base URL; stops it afterwards."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
+def start_in_thread(server) -> threading.Thread:
+    """Run a uvicorn.Server in a daemon thread; returns once it has started."""
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + TIMEOUT
     while not server.started:
         assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
         time.sleep(0.02)
+    return thread
+
+
+def wait_healthy(proc, url: str, seconds: float) -> None:
+    """Until the server process ``proc`` answers GET /health with 200 (fails if it exits or takes longer)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the server did not become ready"
+        time.sleep(0.2)
+
+
+@contextmanager
+def running(app):
+    """Serve ``app`` with uvicorn on 127.0.0.1 in a thread; yields the base URL; stops it afterwards."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
+    thread = start_in_thread(server)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -432,16 +452,7 @@ def test_serve_command_drains_on_sigterm_and_exits_0(small_index_dir, small_ques
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode()
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not become ready"
-            time.sleep(0.2)
+        wait_healthy(proc, url, 120)
         # open connections are bounded: 32 x --max-concurrent + 64 = 96, then uvicorn answers 503
         from linearrag_torch.serve.app import connection_limit
 

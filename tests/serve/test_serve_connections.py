@@ -6,7 +6,6 @@ open connections refuses the newest while the clients already connected are answ
 protocol classes (httptools', h11's) are held to the deadlines. Every wait is bounded.
 """
 import socket
-import threading
 import time
 from contextlib import contextmanager
 
@@ -17,7 +16,7 @@ uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 httpx = pytest.importorskip("httpx")
 
-from test_serve import TIMEOUT, free_port, wait_ready  # noqa: E402
+from test_serve import TIMEOUT, free_port, start_in_thread, wait_ready  # noqa: E402
 from test_serve_overload import metric, raw_request, read_response  # noqa: E402
 
 from linearrag_torch.serve import LinearRAGService, ServeSettings, create_app  # noqa: E402
@@ -48,12 +47,7 @@ def guarded(small_rag, base=None, limit_concurrency=None, **settings):
     config = uvicorn_config(create_app(service), s, service.metrics, base=base, port=free_port(),
                             log_level="warning", access_log=False, limit_concurrency=limit_concurrency)
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + TIMEOUT
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
+    thread = start_in_thread(server)
     url = f"http://127.0.0.1:{config.port}"
     try:
         wait_ready(url)

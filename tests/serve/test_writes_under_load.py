@@ -24,7 +24,7 @@ from linearrag_torch import LinearRAG  # noqa: E402
 from linearrag_torch.serve import LinearRAGService, ServeSettings, create_app  # noqa: E402
 
 from conftest import write_jsonl  # noqa: E402
-from test_serve import TIMEOUT, copy_index, free_port, running, serving, wait_ready  # noqa: E402
+from test_serve import TIMEOUT, copy_index, free_port, running, serving, wait_healthy, wait_ready  # noqa: E402
 
 NEW_A = [{"id": "load-a1", "title": "Zorblax Quentavian",
           "text": "Zorblax Quentavian was a chemist born in Vormelund who discovered glowing salt."},
@@ -83,16 +83,7 @@ def test_add_and_delete_with_reloads_under_query_load_fail_no_query(small_index_
                 answers.append((q, first, reloaded[0], [(h["id"], h["score"]) for h in r.json()["results"][0]["hits"]]))
 
     try:
-        deadline = time.monotonic() + TIMEOUT * 2
-        while True:
-            assert server.poll() is None, server.stderr.read()
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not become ready"
-            time.sleep(0.2)
+        wait_healthy(server, url, TIMEOUT * 2)
         assert httpx.get(url + "/health").json()["fingerprint"] == fingerprint(folder)
         clients = [threading.Thread(target=client, args=(i,)) for i in range(2)]
         for t in clients:
