@@ -3,6 +3,8 @@ member does not; sharing loaded models between two indexes is LinearRAG.share_mo
 import copy
 import dataclasses
 
+import pytest
+
 from linearrag_torch.serve.host import EngineHost
 from linearrag_torch.serve.settings import ServeSettings
 
@@ -17,6 +19,7 @@ def test_the_protocol_lists_what_the_front_uses():
 
 
 def test_the_local_host_is_an_engine_host(small_rag):
+    pytest.importorskip("prometheus_client")  # the serve extra: the host's metrics
     from linearrag_torch.serve.engine_host import LocalEngineHost
 
     host = LocalEngineHost(settings=ServeSettings(), rag=small_rag)
@@ -24,6 +27,7 @@ def test_the_local_host_is_an_engine_host(small_rag):
 
 
 def test_the_ray_host_is_an_engine_host():
+    pytest.importorskip("prometheus_client")  # the serve extra: the host's metrics
     from linearrag_torch.serve.ray_app import RayEngineHost, RaySettings
 
     assert isinstance(RayEngineHost(ServeSettings(), engine=None, ray_settings=RaySettings()), EngineHost)
