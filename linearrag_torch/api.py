@@ -116,7 +116,7 @@ class LinearRAG:
         from .indexing.build import add_passages
 
         passages = read_passages(corpus, first_id=self.index.num_passages, existing_ids=self.index.passage_ids)
-        self._set_index(add_passages(self.index, passages, progress=progress, nlp=self.nlp,
+        self.replace_index(add_passages(self.index, passages, progress=progress, nlp=self.nlp,
                                      encoder=self._passage_encoder(), ids_checked=True))
         return self
 
@@ -128,10 +128,12 @@ class LinearRAG:
         from .indexing.build import delete_passages
 
         ids = [ids] if isinstance(ids, (int, str)) else list(ids)
-        self._set_index(delete_passages(self.index, ids))
+        self.replace_index(delete_passages(self.index, ids))
         return self
 
-    def _set_index(self, index: TriGraphIndex) -> None:
+    def replace_index(self, index: TriGraphIndex) -> None:
+        """Serve ``index`` from now on (what ``add`` and ``delete`` do with the index they computed; the Ray
+        build's ``add`` too), with this object's retrieval settings; the caches derived from the old one go."""
         index.retrieval_config = self.config
         self.index = index
         self._graph = None  # caches derived from the index

@@ -504,7 +504,7 @@ def add(rag, corpus, options: Optional[RayOptions] = None, progress: bool = True
     encoder = RayEncoder(session.ray, cfg, session.plan, getattr(cfg, "encoder_precision", None))
     if timings is not None:
         timings["connect"] = time.perf_counter() - t0
-    rag._set_index(add_passages(rag.index, passages, progress=progress, encoder=encoder,
+    rag.replace_index(add_passages(rag.index, passages, progress=progress, encoder=encoder,
                                 analyse=session.analyse(cfg, progress), timings=timings, ids_checked=True))
     return rag
 

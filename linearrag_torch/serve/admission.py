@@ -19,13 +19,13 @@ questions of ``question_cost``: one unit for a question of up to UNIT_CHARS char
 LIGHT_TOP_K without rerank, more in proportion to its length and its top_k beyond those, (1 + RERANK_WEIGHT) times
 with rerank. The pace is measured per unit (the batcher reports each batch's work), the time check counts the
 units inside, and the units of the requests admitted and not answered are bounded by a budget (``max_work``),
-shared by two classes: a request costing more than HEAVY_COST units is heavy. The heavy requests hold at most
-their share of the budget (``heavy_share``; a request larger than it counts as the whole share, and is admitted
-when no other heavy one is inside); the light ones have the rest, and may borrow the heavy share while no heavy
-request has been refused within it in the last CROWD_WINDOW_S seconds. So the heavy requests are answered in
-their share and can never hold the light ones' (a light request is admitted while heavy ones fill their
-share), and the light ones give the heavy share back as soon as heavy requests want it; the batcher then lets
-light requests through between the parts of a heavy one (serve/batcher.py).
+shared by two classes: a request costing more than HEAVY_COST units is heavy. Each class has its share of the
+budget (``heavy_share`` for the heavy ones, the rest for the light ones; a request larger than its class's share
+counts as the whole share) and may borrow the other's while no request of the other class has been refused
+within its own share in the last CROWD_WINDOW_S seconds. So the budget is used whatever the mix (heavy requests
+alone fill it, as light ones alone do), a class that wants its share back stops the other's borrowing at once
+and has it as the borrowed requests are answered; the batcher then lets light requests through between the
+parts of a heavy one (serve/batcher.py).
 
 Nothing here reads a request: the front calls ``refusal`` before the body is read (serve/front.py's
 EarlyAdmission middleware), and again with the request's real cost once the body is parsed.
@@ -76,7 +76,8 @@ class Admission:
         # question is one unit)
         self.heavy_questions = 0.0  # ... of them, those of heavy requests
         self.work = {"light": 0.0, "heavy": 0.0}  # units of the requests admitted by work and not answered
-        self._heavy_wanted = float("-inf")  # when a heavy request was last refused within the heavy share
+        self._wanted = {"light": float("-inf"), "heavy": float("-inf")}  # when a request of each class was last
+        # refused within its class's share (the other class borrowing it)
         self._batches: deque = deque(maxlen=512)  # (monotonic end, units, engine seconds)
         self._refused: deque = deque()  # [whole monotonic second, refusals by count in it], the last CROWD_WINDOW_S
 
@@ -152,11 +153,11 @@ class Admission:
         held, total = self.held(cost), self.work["light"] + self.work["heavy"]
         within_share = self.work[kind] + held <= self.share[kind] * self.max_work + 1e-9
         now = time.monotonic()
-        may_borrow = kind == "light" and now - self._heavy_wanted > CROWD_WINDOW_S
+        may_borrow = now - self._wanted["heavy" if kind == "light" else "light"] > CROWD_WINDOW_S
         if total + held <= self.max_work + 1e-9 and (within_share or may_borrow):
             return None
-        if kind == "heavy" and within_share:  # the light ones borrow the heavy share: they stop borrowing
-            self._heavy_wanted = now
+        if within_share:  # the other class borrows this one's share: it stops borrowing
+            self._wanted[kind] = now
         excess = total + held - self.max_work
         if excess > 1e-9:
             why = f"the work budget is full ({total:.0f} + {held:.0f} of {self.max_work:.0f} units)"

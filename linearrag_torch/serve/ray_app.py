@@ -163,6 +163,11 @@ class RayBatcher:
     def queued(self) -> int:
         return self._waiting
 
+    @property
+    def running(self) -> bool:
+        """Between start() and stop(): questions are taken."""
+        return self._running
+
     async def submit(self, key: Hashable, questions: Sequence) -> list:
         if not self._running:
             raise RuntimeError("the batcher is not running")
@@ -265,7 +270,7 @@ class LinearRAGEngine:
 
     async def check_health(self) -> None:
         """Ray Serve's health check: a replica whose engine thread is gone is replaced."""
-        if not self.host.ready or not self.host.batcher._running:
+        if not self.host.ready or not self.host.batcher.running:
             raise RuntimeError("the engine is not running")
 
     async def __del__(self):
