@@ -8,7 +8,13 @@ one RetrievalConfig per call). With a ``cost`` function (work units of a questio
 also holds at most ``max_batch_size`` units, so that a batch of heavy questions takes the engine about as long as
 a full batch of plain ones. A request larger than a batch is split into parts, and a part is queued only once
 the one before it is answered, behind what came meanwhile: the light requests that arrive while a heavy one is
-answered wait for one of its parts, not for all of them. A request that gave up (timeout, client gone) before
+answered wait for one of its parts, not for all of them. A heavy request's part (over ``heavy_cost`` units) is
+also bounded in time while light requests come: it holds at most the units the engine runs, at the heavy parts'
+measured pace, in the time of a recent light batch, so a light request waits behind about one light batch's
+worth of heavy work (the units are a model of the cost; a long question at a large top_k may cost five times
+what its units say). While both classes wait, a batch starts from the class below its share of the engine's
+recent seconds (``heavy_share``), counted per class with an exponential decay over SERVED_TAU_S seconds of
+engine time. A request that gave up (timeout, client gone) before
 its batch formed is dropped from the queue and costs no engine time.
 
 With ``gather_ms`` > 0 a batch also waits, after the engine finished its last call, up to gather_ms and
@@ -24,6 +30,7 @@ contract), so batching changes throughput and latency, never answers.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +40,10 @@ from typing import Callable, Hashable, Sequence
 # run_batch(key, questions) -> one result per question, called on the engine thread
 RunBatch = Callable[[Hashable, list], list]
 PEAK_WINDOW_S = 1.0  # gather_ms: the recent concurrency is the most questions inside over about this long
-SERVED_DECAY = 0.9  # the work each class ran counts for about the last 1 / (1 - this) batches
+SERVED_TAU_S = 10.0  # the engine seconds each class ran count with weight exp(-engine seconds since / this): a
+# decay per batch instead let a heavy part of seconds count as little as a light batch of a tenth of that
+PACE_WEIGHT = 0.3  # the paces (seconds per unit of heavy parts, seconds of a light batch): this weight to the last
+LIGHT_RECENT_S = 5.0  # a heavy part is bounded in time while a light batch ran within this many seconds
 GATHER_SHARE = 0.25  # gather_ms: the wait is at most this share of the last engine call's duration
 
 
@@ -79,7 +89,10 @@ class Batcher:
         self.cost = cost  # cost(key, question): its work units (None: one each)
         # with a cost: the heavy requests' (over heavy_cost units) share of the engine's work while light ones wait
         self.heavy_share, self.heavy_cost = heavy_share, heavy_cost
-        self._served = {False: 0.0, True: 0.0}  # engine seconds per class (heavy?), decaying by SERVED_DECAY a batch
+        self._served = {False: 0.0, True: 0.0}  # engine seconds per class (heavy?), decaying (SERVED_TAU_S)
+        self._heavy_pace: float | None = None  # engine seconds per unit of the recent heavy parts
+        self._light_batch_s: float | None = None  # engine seconds of the recent light batches
+        self._light_ran_at = float("-inf")  # when the last light batch ended
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait_ms / 1000.0
         self.gather = gather_ms / 1000.0
@@ -129,10 +142,10 @@ class Batcher:
         self._inside += len(questions)
         self._note_peak()
         results = []
-        parts = list(self._parts(key, questions))
-        heavy = sum(w for _, w in parts) > self.heavy_cost
+        costs = [1.0] * len(questions) if self.cost is None else [self.cost(key, q) for q in questions]
+        heavy = self.cost is not None and sum(costs) > self.heavy_cost
         try:
-            for part, work in parts:
+            for part, work in self._parts(questions, costs, heavy):
                 e = _Entry(key, part, loop.create_future(), work, heavy=heavy)
                 self._queue.append(e)
                 self._waiting += len(part)
@@ -147,23 +160,25 @@ class Batcher:
             self._inside -= len(questions)
         return results
 
-    def _parts(self, key: Hashable, questions: list):
-        """(part, its work) of at most max_batch_size questions and units each (at least one question)."""
-        if self.cost is None:
-            for start in range(0, len(questions), self.max_batch_size):
-                part = questions[start:start + self.max_batch_size]
-                yield part, float(len(part))
-            return
-        part, work = [], 0.0
-        for q in questions:
-            c = self.cost(key, q)
-            if part and (len(part) == self.max_batch_size or work + c > self.max_batch_size):
-                yield part, work
-                part, work = [], 0.0
-            part.append(q)
-            work += c
-        if part:
-            yield part, work
+    def _parts(self, questions: list, costs: list, heavy: bool):
+        """(part, its work) of at most max_batch_size questions and ``_part_units(heavy)`` units each (at least one
+        question), each sized when the one before it is answered (a generator: the paces it reads are current)."""
+        start = 0
+        while start < len(questions):
+            limit, work, end = self._part_units(heavy), costs[start], start + 1
+            while end < len(questions) and end - start < self.max_batch_size and work + costs[end] <= limit:
+                work += costs[end]
+                end += 1
+            yield questions[start:end], work
+            start = end
+
+    def _part_units(self, heavy: bool) -> float:
+        """The units a part may hold: max_batch_size; a heavy request's part, while light batches run (one within
+        LIGHT_RECENT_S), at most what the engine runs in a recent light batch's time at the heavy parts' pace."""
+        if not heavy or self._heavy_pace is None or self._light_batch_s is None or \
+                time.perf_counter() - self._light_ran_at > LIGHT_RECENT_S:
+            return float(self.max_batch_size)
+        return min(float(self.max_batch_size), self._light_batch_s / self._heavy_pace)
 
     def _note_peak(self) -> None:
         now = time.perf_counter()
@@ -237,14 +252,32 @@ class Batcher:
                     else:
                         e.future.set_result(results[pos:pos + len(e.questions)])
                 pos += len(e.questions)
-            for cls in self._served:
-                self._served[cls] *= SERVED_DECAY
-            total = sum(e.work for e in batch) or 1.0
-            for e in batch:  # the engine's seconds, shared by the batch's entries in proportion to their work
-                self._served[e.heavy] += engine_s * e.work / total
+            self._account(batch, engine_s, error is None)
             if self.on_batch is not None:
                 self.on_batch(BatchStats(len(questions), len(batch), waits, engine_s, error,
                                          sum(e.work for e in batch) if self.cost is not None else None))
+
+    def _account(self, batch: list[_Entry], engine_s: float, ok: bool) -> None:
+        """The engine's seconds of a batch, shared by its entries' classes in proportion to their work (older
+        seconds decayed); the heavy parts' pace and the light batches' duration."""
+        decay = math.exp(-engine_s / SERVED_TAU_S)
+        for cls in self._served:
+            self._served[cls] *= decay
+        total = sum(e.work for e in batch) or 1.0
+        heavy_work = 0.0
+        for e in batch:
+            self._served[e.heavy] += engine_s * e.work / total
+            heavy_work += e.work if e.heavy else 0.0
+        if not ok or self.cost is None:
+            return
+        if heavy_work:
+            pace = engine_s / total  # seconds per unit of this batch, the heavy part's included
+            self._heavy_pace = pace if self._heavy_pace is None else \
+                (1 - PACE_WEIGHT) * self._heavy_pace + PACE_WEIGHT * pace
+        else:
+            self._light_ran_at = time.perf_counter()
+            self._light_batch_s = engine_s if self._light_batch_s is None else \
+                (1 - PACE_WEIGHT) * self._light_batch_s + PACE_WEIGHT * engine_s
 
     def _drop_cancelled(self) -> None:
         if any(e.future.done() for e in self._queue):

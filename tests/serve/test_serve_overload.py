@@ -177,7 +177,8 @@ def test_admission_by_time_refuses_what_would_miss_its_deadline(small_rag):
 def test_a_queued_request_whose_client_left_is_dropped(small_rag):
     """A request queued behind a slow batch whose client disconnects leaves the queue without reaching the
     engine; it is counted as client_gone, its place is given back."""
-    with slow_serving(small_rag, 1.0, max_concurrent=4, max_batch_size=1, gather_ms=0) as (url, service):
+    # the held batch takes 3 s: the disconnect is seen while the request is still queued even on a busy machine
+    with slow_serving(small_rag, 3.0, max_concurrent=4, max_batch_size=1, gather_ms=0) as (url, service):
         before = metric(url, "linearrag_questions_total")
         threads, results = hold(url, service, 1)
         body = json.dumps({"question": "Who leaves early?"}).encode()

@@ -3,6 +3,7 @@ its heavy share (unit), the batcher's parts by work queued behind what came mean
 127.0.0.1 where heavy requests borrow the light share until a light request is refused, and the next heavy one
 is refused with 429 and Retry-After."""
 import asyncio
+import math
 import threading
 import time
 from types import SimpleNamespace
@@ -134,7 +135,7 @@ def test_while_both_classes_wait_the_batch_starts_from_the_one_below_its_share_o
     """With heavy_share 0.25, a batch starts from the oldest heavy part only while the heavy requests have run
     less than a quarter of the recent work, else from the oldest light request (the heavy part is older in both
     cases); the engine's seconds of each batch are counted per class, decaying."""
-    from linearrag_torch.serve.batcher import SERVED_DECAY, _Entry
+    from linearrag_torch.serve.batcher import SERVED_TAU_S, _Entry
 
     loop = asyncio.new_event_loop()
     try:
@@ -170,9 +171,37 @@ def test_while_both_classes_wait_the_batch_starts_from_the_one_below_its_share_o
 
     asyncio.run(main())
     # nothing served yet: the heavy part is not below its share (0 < 0), the light one goes first, then the heavy;
-    # each counts the engine's seconds of its batch
-    assert served[0][True] >= 0.04 and served[0][False] >= 0.02 * SERVED_DECAY  # the sleeps: at least this long
-    assert served[0][True] < 0.04 + served[0][False] / SERVED_DECAY  # the light batch's seconds were decayed once
+    # each counts the engine's seconds of its batch (the sleeps: at least this long), the light one's decayed by the
+    # heavy batch's seconds
+    assert served[0][True] >= 0.04 and served[0][False] >= 0.02 * math.exp(-1.0 / SERVED_TAU_S)
+
+
+def test_served_seconds_decay_with_engine_time_and_heavy_parts_shrink_to_a_light_batchs_time():
+    """A decay per batch let one heavy part of seconds weigh as little as a light batch of a tenth of that (the heavy
+    requests took ~70% of the engine with a 25% share): the decay runs on engine seconds. A heavy request's parts,
+    while light batches run, hold what the engine runs in a light batch's time at the heavy parts' measured pace."""
+    from linearrag_torch.serve.batcher import PACE_WEIGHT, SERVED_TAU_S, _Entry
+
+    loop = asyncio.new_event_loop()
+    try:
+        b = Batcher(lambda key, qs: qs, max_batch_size=8, cost=lambda key, q: 4.0, heavy_share=0.25, heavy_cost=7)
+        assert list(b._parts(["a", "b", "c"], [4.0, 4.0, 4.0], True)) == [(["a", "b"], 8.0), (["c"], 4.0)]
+        b._served = {False: 2.0, True: 1.0}
+        b._account([_Entry((), ["h", "h"], loop.create_future(), 8.0, heavy=True)], 10.0, True)
+        e = math.exp(-10.0 / SERVED_TAU_S)
+        assert b._served[True] == pytest.approx(1.0 * e + 10.0) and b._served[False] == pytest.approx(2.0 * e)
+        assert b._heavy_pace == pytest.approx(10.0 / 8)  # seconds per unit
+        assert b._part_units(True) == 8.0  # no light batch yet: a whole batch of units
+        b._account([_Entry((), ["l"], loop.create_future(), 1.0)], 0.5, True)
+        b._account([_Entry((), ["l"], loop.create_future(), 1.0)], 1.0, True)
+        assert b._light_batch_s == pytest.approx((1 - PACE_WEIGHT) * 0.5 + PACE_WEIGHT * 1.0)
+        assert b._part_units(True) == pytest.approx(b._light_batch_s / 1.25) and b._part_units(False) == 8.0
+        assert list(b._parts(["a", "b", "c"], [4.0, 4.0, 4.0], True)) == [(["a"], 4.0), (["b"], 4.0), (["c"], 4.0)]
+        assert list(b._parts(["a", "b", "c"], [0.2, 0.2, 0.2], True)) == [(["a", "b"], 0.4), (["c"], 0.2)]
+        b._account([_Entry((), ["h"], loop.create_future(), 8.0, heavy=True)], 4.0, False)  # a failed batch: no pace
+        assert b._heavy_pace == pytest.approx(10.0 / 8)
+    finally:
+        loop.close()
 
 
 def test_a_server_lends_the_light_share_to_heavy_requests_until_a_light_one_is_refused(small_rag):
