@@ -41,20 +41,61 @@ def _round_rows(rounds: list, b: int, hits: list) -> list[dict]:
 
 
 class LinearRAG:
-    """A Tri-Graph index on a device, with the spaCy and encoder models that made it."""
+    """A Tri-Graph index on a device, with the spaCy and encoder models that made it.
+
+    Make one with ``build`` (from a corpus) or ``load`` (from a folder written by ``save``), then rank passages
+    for batches of questions with ``search``: one call answers the whole batch, on the device. The models load
+    on first use. Guide: docs/python-api.md; settings: ``RetrievalConfig`` (``rag.config``, per-call overrides).
+
+    Parameters
+    ----------
+    index : TriGraphIndex
+        The index; it stays on the CPU, the engine copies what it needs to ``device``.
+    device : str or torch.device, default "auto"
+        Where questions are ranked: "auto" (CUDA when torch sees it, else the CPU), "cpu", "cuda", "cuda:1", ...
+    nlp : spacy.language.Language, optional
+        The spaCy pipeline for the questions' entities (default: the index's ``IndexConfig.spacy_model``,
+        loaded on first use).
+    encoder : optional
+        The question encoder, used as it is (default: the index's ``IndexConfig.encoder`` as ``quantize`` and
+        ``encoder_backend`` say, loaded on first use).
+    quantize : {None, "bfloat16", "int8", "int8-all"}, default None
+        The question encoder's arithmetic. None: float32, exact, and a question's vector does not depend on
+        the other questions of its batch beyond float noise (~1e-7), whatever precision the index was encoded
+        in (``IndexConfig.encoder_precision``). "bfloat16": bf16 autocast where the device has native bf16
+        (``env.native_bf16``; float32 elsewhere, with a warning): faster, but a vector then depends on its
+        batch by up to ~1e-3 per component (the matrix kernels change with the batch's shape), so near-tied
+        passages may swap with the batch. "int8" or "int8-all": dynamically quantised Linear layers, CPU
+        only, faster, vectors close to the exact ones (``encoding.quantize_int8``). Speed and accuracy of
+        each: docs/tuning.md, "Encoder precision", "int8 question encoder".
+    encoder_backend : {"torch", "onnx"}, default "torch"
+        "onnx" runs the float32 question encoder on ONNX Runtime (CPU only, extra ``[onnx]``, not with
+        ``quantize``): the same vectors to float noise; measured in docs/tuning.md, "ONNX Runtime question
+        encoder".
+
+    Raises
+    ------
+    ValueError
+        An unknown ``quantize`` or ``encoder_backend``, or one the device cannot run.
+
+    Examples
+    --------
+    The examples of the methods continue this one (``rag``, ``passages``).
+
+    >>> from linearrag_torch import LinearRAG
+    >>> passages = [
+    ...     {"id": "p1", "title": "Blue River", "text": "Blue River is a 1952 film directed by Anna Berg."},
+    ...     {"id": "p2", "title": "Anna Berg",
+    ...      "text": "Anna Berg was a Swedish director. She was the daughter of Karl Berg."},
+    ...     {"id": "p3", "title": "Karl Berg", "text": "Karl Berg was a painter born in Uppsala."},
+    ... ]
+    >>> rag = LinearRAG.build(passages, device="cpu", progress=False)
+    >>> [hit.id for hit in rag.search("Who directed Blue River?", top_k=2)]
+    ['p1', 'p2']
+    """
 
     def __init__(self, index: TriGraphIndex, device="auto", nlp=None, encoder=None, quantize: str | None = None,
                  encoder_backend: str = "torch"):
-        """``quantize``: the question encoder. None: float32, exact, and a question's vector does not depend
-        on the other questions of its batch beyond float noise (~1e-7), whatever precision the index was
-        encoded in (IndexConfig.encoder_precision). "bfloat16": bf16 autocast, where the device has native
-        bf16 (env.native_bf16; float32 elsewhere): ~2.4x faster on a CPU with AMX, but a vector then
-        depends on its batch by up to ~1e-3 per component (the kernels change with the batch's shape), so
-        near-tied passages may swap with the batch. "int8" or "int8-all" (dynamically quantised Linear
-        layers, CPU only: faster, vectors within cosine ~0.99 / ~0.98 of the exact ones; see
-        encoding.quantize_int8). ``encoder_backend``: "torch", or "onnx" (the float32 question encoder on ONNX
-        Runtime, CPU only, extra [onnx]: the same vectors to float noise; its encoder stage measured 10.2
-        against 13.5 ms for one question, 4.4 against 5.1 per question in a batch of 256; not with ``quantize``). ``encoder``, when given, is used as it is for questions."""
         self.device = resolve_device(device)
         if quantize not in QUESTION_ENCODERS:
             raise ValueError(f"quantize must be one of {QUESTION_ENCODERS}, got {quantize!r}")
@@ -80,7 +121,44 @@ class LinearRAG:
     @classmethod
     def build(cls, corpus, index_config: IndexConfig | None = None, config: RetrievalConfig | None = None,
               device="auto", progress: bool = True, nlp=None, encoder=None) -> "LinearRAG":
-        """Index ``corpus``: a JSONL path, or a list of Passage / dicts with "text" (and "id", "title")."""
+        """Index ``corpus``: spaCy NER and the encoder over every passage, then the graph.
+
+        Parameters
+        ----------
+        corpus : str, os.PathLike or list
+            A JSONL file (one object per line with "text", optional "id" and "title"), or a list of
+            ``Passage`` or of such dicts. A missing id is the passage's position; a repeated id raises
+            ``InputError`` naming it and its line, before any model loads.
+        index_config : IndexConfig, optional
+            How to build (models, encoder precision, storage dtype); stored with the index. Default
+            ``IndexConfig()``.
+        config : RetrievalConfig, optional
+            The retrieval settings stored with the index (``rag.config``). Default ``RetrievalConfig()``.
+        device : str or torch.device, default "auto"
+            Where the models run and questions are ranked ("auto": CUDA when present, else the CPU).
+        progress : bool, default True
+            Show progress bars on stderr.
+        nlp : spacy.language.Language, optional
+            A loaded spaCy pipeline to use instead of ``index_config.spacy_model``.
+        encoder : optional
+            A loaded encoder to use, as it is, for the passages and the questions.
+
+        Returns
+        -------
+        LinearRAG
+            The new index on ``device``, in memory: ``save`` writes it.
+
+        Examples
+        --------
+        >>> rag = LinearRAG.build(passages, device="cpu", progress=False)
+        >>> rag.index.num_passages
+        3
+
+        The bundled 2WikiMultiHopQA sample (300 passages: a minute or two on two CPU cores):
+
+        >>> from linearrag_torch.data import sample_corpus_path
+        >>> sample = LinearRAG.build(sample_corpus_path(), device="cpu")  # doctest: +SKIP
+        """
         from .indexing.build import build_index
 
         dev = resolve_device(device)
@@ -97,22 +175,83 @@ class LinearRAG:
 
     @classmethod
     def load(cls, path, device="auto", quantize: str | None = None, encoder_backend: str = "torch") -> "LinearRAG":
-        """Load an index folder written by save(). ``quantize``, ``encoder_backend``: the question encoder (see
-        __init__)."""
+        """Load an index folder written by ``save`` (any index loads on any device).
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The index folder. A damaged or incompatible one raises ``IndexFormatError`` naming the file.
+        device : str or torch.device, default "auto"
+            Where questions are ranked ("auto": CUDA when present, else the CPU).
+        quantize : {None, "bfloat16", "int8", "int8-all"}, default None
+            The question encoder's arithmetic (see the class's parameters).
+        encoder_backend : {"torch", "onnx"}, default "torch"
+            Where the question encoder runs (see the class's parameters).
+
+        Returns
+        -------
+        LinearRAG
+            The index with its stored retrieval settings; the models load on first use.
+
+        Examples
+        --------
+        >>> import os, tempfile
+        >>> folder = rag.save(os.path.join(tempfile.mkdtemp(), "index"))
+        >>> LinearRAG.load(folder, device="cpu").index.num_passages
+        3
+        """
         return cls(TriGraphIndex.load(path, device="cpu"), device, quantize=quantize, encoder_backend=encoder_backend)
 
     def save(self, path):
-        """Write the index atomically to folder ``path`` (config included), under the folder's write lock."""
+        """Write the index, with its retrieval settings, atomically to a folder (safetensors + JSON).
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The folder, created if needed; written under its write lock (``IndexLockedError`` while another
+            process writes it).
+
+        Returns
+        -------
+        pathlib.Path
+            The folder.
+
+        Examples
+        --------
+        >>> import os, tempfile
+        >>> folder = rag.save(os.path.join(tempfile.mkdtemp(), "index"))
+        >>> (folder / "index.json").is_file()
+        True
+        """
         self.index.retrieval_config = self.config
         return self.index.save(path)
 
     # ------------------------------------------------------------------ updates
     def add(self, corpus, progress: bool = False) -> "LinearRAG":
-        """Append passages (a JSONL path, or a list of Passage / dicts as for build) to the index in memory;
-        call save() to write it. Only the new passages are analysed and encoded; the result equals
-        the index built from all passages at once. A missing id defaults to the passage's position
-        in the grown index. An id already in the index (or repeated) raises InputError naming it and
-        its line; the index is then unchanged. Two passages with the same text stay two passages."""
+        """Append passages to the index in memory; ``save`` writes it.
+
+        Only the new passages are analysed and encoded; the result equals the index built from all passages at
+        once. Two passages with the same text stay two passages.
+
+        Parameters
+        ----------
+        corpus : str, os.PathLike or list
+            A JSONL path, or a list of ``Passage`` or dicts, as for ``build``. A missing id defaults to the
+            passage's position in the grown index. An id already in the index (or repeated) raises
+            ``InputError`` naming it and its line; the index is then unchanged.
+        progress : bool, default False
+            Show progress bars on stderr.
+
+        Returns
+        -------
+        LinearRAG
+            This object (so that calls chain).
+
+        Examples
+        --------
+        >>> rag.add([{"id": "p4", "title": "Uppsala", "text": "Uppsala is a city in Sweden."}]).index.num_passages
+        4
+        """
         from .indexing.build import add_passages
 
         passages = read_passages(corpus, first_id=self.index.num_passages, existing_ids=self.index.passage_ids)
@@ -121,10 +260,26 @@ class LinearRAG:
         return self
 
     def delete(self, ids) -> "LinearRAG":
-        """Remove the passages with these ids (an id or a list; 7 and "7" are the same id) and the sentences
-        and entities no remaining passage has, in memory; call save() to write it. The result equals
-        the index built without them (embeddings are kept, not recomputed). An unknown id raises
-        ValueError naming it; the index is then unchanged."""
+        """Remove passages, and the sentences and entities no remaining passage has, in memory; ``save`` writes it.
+
+        The result equals the index built without them (embeddings are kept, not recomputed).
+
+        Parameters
+        ----------
+        ids : int, str or list
+            An id or a list of ids (7 and "7" are the same id). An unknown id raises ``ValueError`` naming it;
+            the index is then unchanged.
+
+        Returns
+        -------
+        LinearRAG
+            This object, so that calls chain: ``rag.delete(ids).save(folder)``.
+
+        Examples
+        --------
+        >>> rag.delete("p4").index.num_passages
+        3
+        """
         from .indexing.build import delete_passages
 
         ids = [ids] if isinstance(ids, (int, str)) else list(ids)
@@ -132,8 +287,25 @@ class LinearRAG:
         return self
 
     def replace_index(self, index: TriGraphIndex) -> None:
-        """Serve ``index`` from now on (what ``add`` and ``delete`` do with the index they computed; the Ray
-        build's ``add`` too), with this object's retrieval settings; the caches derived from the old one go."""
+        """Serve another index from now on, with this object's retrieval settings and models.
+
+        What ``add`` and ``delete`` do with the index they computed (the Ray build's ``add`` too); the caches
+        derived from the old index go.
+
+        Parameters
+        ----------
+        index : TriGraphIndex
+            The index to serve; its stored retrieval settings are replaced by ``rag.config``.
+
+        Examples
+        --------
+        >>> import os, tempfile
+        >>> from linearrag_torch import TriGraphIndex
+        >>> folder = rag.save(os.path.join(tempfile.mkdtemp(), "index"))
+        >>> rag.replace_index(TriGraphIndex.load(folder))
+        >>> rag.index.num_passages
+        3
+        """
         index.retrieval_config = self.config
         self.index = index
         self._graph = None  # caches derived from the index
@@ -142,16 +314,37 @@ class LinearRAG:
     # ------------------------------------------------------------------ models
     @property
     def nlp(self):
+        """The spaCy pipeline of the questions' entities (the index's ``IndexConfig.spacy_model``, loaded on first
+        use unless one was given)."""
         if self._nlp is None:
             self._nlp = models.load_nlp(self.index.index_config)
         return self._nlp
 
     def start_ner_processes(self, processes: int, caller_part: bool = True):
-        """Run the questions' spaCy NER in ``processes`` worker processes that stay up (nlp.NERPool: each loads
-        the index's spaCy model, IndexConfig.spacy_model), beside this process (``caller_part``: it takes a part
-        of each batch too). A batch of fewer than 16 questions still runs here alone. For machines with cores to
-        spare while NER runs; the entities are those of this process's NER. 0 stops them. Returns the pool (or
-        None). close() stops it too."""
+        """Run the questions' spaCy NER in worker processes that stay up, beside this process.
+
+        For machines with cores to spare while NER runs; the entities are those of this process's NER. A batch
+        of fewer than 16 questions still runs here alone. ``close`` stops them. What it buys: docs/tuning.md,
+        "Question throughput".
+
+        Parameters
+        ----------
+        processes : int
+            Worker processes (``nlp.NERPool``: each loads the index's spaCy model, ``IndexConfig.spacy_model``);
+            0 stops those running.
+        caller_part : bool, default True
+            This process takes a part of each batch too.
+
+        Returns
+        -------
+        NERPool or None
+            The pool, or None for 0 processes.
+
+        Examples
+        --------
+        >>> pool = rag.start_ner_processes(1)  # doctest: +SKIP
+        >>> rag.close()  # doctest: +SKIP
+        """
         from .indexing.nlp import NERPool
 
         self.close()
@@ -166,19 +359,42 @@ class LinearRAG:
         return self._ner_pool
 
     def detach_ner_pool(self):
-        """Forget the NER worker processes without stopping them (another index took them over: share_models_from);
-        returns them (or None)."""
+        """Forget the NER worker processes without stopping them (another index took them over: ``share_models_from``).
+
+        Returns
+        -------
+        NERPool or None
+            The processes this object held, or None.
+        """
         pool, self._ner_pool = self._ner_pool, None
         return pool
 
     def share_models_from(self, other: "LinearRAG") -> "LinearRAG":
-        """Use ``other``'s loaded models where this index needs the same ones, instead of loading them again: its
-        question encoder (same encoder and max_length, same device, quantize and encoder backend), its spaCy
-        pipeline (same spacy_model and dropped labels) and its NER worker processes (same spacy_model: they
-        load the model by name; both indexes then hold them, see detach_ner_pool). A model ``other`` has not
-        loaded yet is left to load on first use. Returns self.
+        """Use another object's loaded models where this index needs the same ones, instead of loading them again.
 
-            new = LinearRAG(TriGraphIndex.load(folder), device).share_models_from(old)
+        Shared: the question encoder (same encoder and max_length, same device, quantize and encoder backend),
+        the spaCy pipeline (same spacy_model and dropped labels) and the NER worker processes (same
+        spacy_model: they load the model by name; both objects then hold them, see ``detach_ner_pool``). A
+        model ``other`` has not loaded yet is left to load on first use.
+
+        Parameters
+        ----------
+        other : LinearRAG
+            The object whose models to take.
+
+        Returns
+        -------
+        LinearRAG
+            This object.
+
+        Examples
+        --------
+        >>> import os, tempfile
+        >>> from linearrag_torch import TriGraphIndex
+        >>> folder = rag.save(os.path.join(tempfile.mkdtemp(), "index"))
+        >>> new = LinearRAG(TriGraphIndex.load(folder), device="cpu").share_models_from(rag)
+        >>> new.encoder is rag.encoder
+        True
         """
         old, new = other.index.index_config, self.index.index_config
         same_question_encoder = ((old.encoder, old.max_length) == (new.encoder, new.max_length)
@@ -195,7 +411,12 @@ class LinearRAG:
         return self
 
     def close(self) -> None:
-        """Stop the NER worker processes, if any (the rest needs no closing)."""
+        """Stop the NER worker processes, if any (the rest needs no closing).
+
+        Examples
+        --------
+        >>> rag.close()
+        """
         pool, self._ner_pool = self._ner_pool, None
         if pool is not None:
             pool.close()
@@ -233,6 +454,7 @@ class LinearRAG:
 
     @property
     def graph(self) -> engine.DeviceGraph:
+        """The index's tensors on the device (``engine.DeviceGraph``), made on first use."""
         if self._graph is None:
             self._graph = engine.DeviceGraph(self.index, self.device)
         return self._graph
@@ -240,13 +462,36 @@ class LinearRAG:
     # ------------------------------------------------------------------ querying
     def encode_queries(self, questions: list[str], config: RetrievalConfig | None = None, *,
                        reuse_index_vectors: bool | None = None, timings: dict | None = None) -> EncodedQueries:
-        """Question entities (spaCy NER as config.question_ner says, plus lexicon matches when
-        config.lexicon_seeds; lower-cased)
-        and encoding: the input of both backends. An entity string with the tokens of an index entity
-        takes its stored vector (``reuse_index_vectors=False`` encodes it again: equal up to ~1e-7;
-        None: the attribute rag.reuse_index_vectors, True unless set).
-        ``timings``: a dict to which the seconds of the stages "ner", "lexicon", "encoder" are added
-        (linearrag_torch.retrieval.pipeline)."""
+        """The first half of ``search``: the questions' entities and vectors, the input of both backends.
+
+        Entities: spaCy NER as ``config.question_ner`` says, plus the index's entity strings found in the
+        question when ``config.lexicon_seeds``; lower-cased. Then the encoder, for the questions and their
+        entity strings.
+
+        Parameters
+        ----------
+        questions : list of str
+            The questions (an empty or non-string question raises ``InputError``).
+        config : RetrievalConfig, optional
+            Default: this index's settings (``rag.config``).
+        reuse_index_vectors : bool, optional
+            An entity string with the tokens of an index entity takes that entity's stored vector; False
+            encodes it again (equal up to ~1e-7). None: ``rag.reuse_index_vectors`` (True unless set).
+        timings : dict, optional
+            Seconds of the stages "ner", "lexicon" and "encoder" are added to it
+            (``linearrag_torch.retrieval.pipeline``).
+
+        Returns
+        -------
+        EncodedQueries
+            Question vectors [B, D], entity vectors [Q, D] and their owners, and the entity strings.
+
+        Examples
+        --------
+        >>> encoded = rag.encode_queries(["Who directed Blue River?"])
+        >>> encoded.batch_size, encoded.entity_text
+        (1, ['blue river'])
+        """
         for q in questions:
             check_question(q)
         cfg = config or self.config
@@ -262,17 +507,59 @@ class LinearRAG:
         return enc
 
     def reranker(self, config: RetrievalConfig | None = None):
-        """The learned reranker (rerank.Reranker) that ``config`` (default: this index's settings) names,
-        loaded once on this index's device. A missing or damaged folder raises RerankerLoadError naming it."""
+        """The learned reranker that ``config`` names, loaded once on this index's device.
+
+        Parameters
+        ----------
+        config : RetrievalConfig, optional
+            Its ``reranker`` folder (empty: the model shipped with the package) and ``reranker_precision``.
+            Default: this index's settings.
+
+        Returns
+        -------
+        rerank.Reranker
+            The cross-encoder. A missing or damaged folder raises ``RerankerLoadError`` naming it.
+
+        Examples
+        --------
+        >>> reranker = rag.reranker()  # doctest: +SKIP
+        >>> rag.search("Who directed Blue River?", rerank=True)  # doctest: +SKIP
+        """
         cfg = config or self.config
         return self.graph.reranker(cfg.reranker, cfg.reranker_precision)
 
     def retrieve(self, queries: EncodedQueries, config: RetrievalConfig | None = None, backend: str = "torch", *,
                  timings: dict | None = None) -> Retrieved:
-        """Rank passages for encoded questions with the torch engine or the scipy reference: the stage list of
-        the config (retrieval/stages.py). ``timings``: seconds added to timings["graph"], and with cfg.rerank to
-        timings["rerank"]. With cfg.rerank the learned reranker runs on this index's device, whichever backend
-        ranked the candidates."""
+        """The second half of ``search``: rank passages for encoded questions (the stages of
+        ``retrieval/stages.py``), the whole batch in one call.
+
+        Parameters
+        ----------
+        queries : EncodedQueries
+            From ``encode_queries``.
+        config : RetrievalConfig, optional
+            Default: this index's settings (``rag.config``).
+        backend : {"torch", "scipy"}, default "torch"
+            The torch engine on this object's device, or the numpy/scipy reference (float64, CPU). With
+            ``config.rerank`` the learned reranker runs on this index's device whichever ranked the candidates.
+        timings : dict, optional
+            Seconds added to ``timings["graph"]``, and with ``config.rerank`` to ``timings["rerank"]``.
+
+        Returns
+        -------
+        Retrieved
+            ``indices`` [B, k] (passage rows, best first; -1 past the last passage) and ``scores`` [B, k], on
+            the device. ``hits`` turns them into ``Hit`` lists.
+
+        Examples
+        --------
+        >>> encoded = rag.encode_queries(["Who directed Blue River?"])
+        >>> top = rag.retrieve(encoded, rag.config.replace(top_k=2))
+        >>> top.indices.tolist()
+        [[0, 1]]
+        >>> rag.retrieve(encoded, rag.config.replace(top_k=2), backend="scipy").indices.tolist()
+        [[0, 1]]
+        """
         cfg = config or self.config
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -287,10 +574,36 @@ class LinearRAG:
 
     def search(self, questions, top_k: int | None = None, backend: str = "torch", *, timings: dict | None = None,
                **overrides) -> list[list[Hit]]:
-        """Top-k passages for each question (a string or a list of strings), best first.
+        """Top-k passages for each question, best first; a list is answered in one batched call.
 
-        ``overrides`` change retrieval settings for this call (e.g. mode="paper", delta=0.3).
-        ``timings``: a dict to which the seconds of each stage are added (pipeline.STAGES).
+        Parameters
+        ----------
+        questions : str or list of str
+            One question, or a batch.
+        top_k : int, optional
+            Passages per question (default: ``rag.config.top_k``).
+        backend : {"torch", "scipy"}, default "torch"
+            As for ``retrieve``.
+        timings : dict, optional
+            Seconds of each stage are added to it (``retrieval.pipeline.STAGES``).
+        **overrides
+            Retrieval settings for this call, any ``RetrievalConfig`` field (e.g. ``mode="paper"``,
+            ``delta=0.3``); an unknown name raises ``TypeError``.
+
+        Returns
+        -------
+        list of Hit, or list of list of Hit
+            For a string its hits; for a list one list of hits per question. A ``Hit`` is (id, score, title,
+            text, row). The first two hits are the pair rerank's choice: a hit's score may be below the next's.
+
+        Examples
+        --------
+        >>> hits = rag.search("Who directed Blue River?", top_k=2)
+        >>> [(hit.id, hit.title) for hit in hits]
+        [('p1', 'Blue River'), ('p2', 'Anna Berg')]
+        >>> batch = rag.search(["Who directed Blue River?", "Where was Karl Berg born?"], top_k=1, mode="paper")
+        >>> [[hit.id for hit in hits] for hits in batch]
+        [['p1'], ['p3']]
         """
         single = isinstance(questions, str)
         qs = [questions] if single else list(questions)
@@ -302,15 +615,56 @@ class LinearRAG:
         return hits[0] if single else hits
 
     def answer(self, questions, llm=None, top_k: int = 5, **overrides):
-        """Answers from a chat model given each question's top-k passages (see generation.answer_batch):
-        an Answer (answer, reply, passages, ...) per question, or one for a single string. ``llm``: a
-        generation.LLM, a dict of its arguments, or None (LINEARRAG_LLM_* environment variables)."""
+        """Answers from a chat model given each question's top-k passages (``answers.generation.answer_batch``).
+
+        Parameters
+        ----------
+        questions : str or list of str
+            One question, or a batch (searched in one call).
+        llm : answers.generation.LLM, dict or None, optional
+            The chat model: an ``LLM``, a dict of its arguments, or None (the ``LINEARRAG_LLM_*`` environment
+            variables; docs/answers.md).
+        top_k : int, default 5
+            Passages given to the model per question.
+        **overrides
+            Retrieval settings for the search, as for ``search``.
+
+        Returns
+        -------
+        Answer or list of Answer
+            For a string its ``Answer`` (answer, reply, passages, ...); for a list one per question.
+
+        Examples
+        --------
+        >>> from linearrag_torch.answers.generation import LLM
+        >>> llm = LLM(base_url="http://127.0.0.1:8080/v1", model="my-model")  # doctest: +SKIP
+        >>> rag.answer("Who directed Blue River?", llm=llm).answer  # doctest: +SKIP
+        'Anna Berg'
+        """
         from .answers.generation import answer_batch
 
         out = answer_batch(self, questions, llm, top_k, **overrides)
         return out[0] if isinstance(questions, str) else out
 
     def hits(self, out: Retrieved) -> list[list[Hit]]:
+        """The ``Hit`` lists of a ``retrieve`` result.
+
+        Parameters
+        ----------
+        out : Retrieved
+            From ``retrieve`` on this index.
+
+        Returns
+        -------
+        list of list of Hit
+            One list per question, best first, without the -1 rows.
+
+        Examples
+        --------
+        >>> top = rag.retrieve(rag.encode_queries(["Who directed Blue River?"]), rag.config.replace(top_k=1))
+        >>> rag.hits(top)[0][0].title
+        'Blue River'
+        """
         idx, scores = out.indices.cpu().tolist(), out.scores.cpu().tolist()
         ix = self.index
         return [
@@ -319,11 +673,34 @@ class LinearRAG:
         ]
 
     def explain(self, questions: list[str], top_k: int | None = None, **overrides) -> list[dict]:
-        """Hits plus how they were reached: question entities, seeds, the first round's activated entities
-        (tier >= 2: reached by semantic bridging) found in each hit passage, the later rounds' chain seeds
-        (chain.py) with their seed scores, the ranks before the pair rerank of the first two hits
-        (pairs.py; None without it), with rerank each reranked hit's fused score, reranker logit and graph score
-        and rank, and per hit the round that found it with its rank and score there ("found")."""
+        """Hits plus how they were reached (what `linearrag demo` prints).
+
+        Parameters
+        ----------
+        questions, top_k
+            As for ``search``: one question or a batch, and passages per question.
+        **overrides
+            Retrieval settings for this call, as for ``search``.
+
+        Returns
+        -------
+        list of dict
+            One dict per question: "question"; "dense_fallback" (no entity: dense retrieval);
+            "question_entities"; "seeds" [(entity, score)]; "chain_seeds", the later rounds' seeds with their
+            scores (chain.py; [] with one round); "pair_ranks", the ranks of the first two hits before the pair
+            rerank (pairs.py; None without it); "rerank", with the learned reranker each reranked hit's fused
+            score, reranker logit and graph score and rank (else None); "found", per hit the round that found it
+            with its rank and score there; "hits" [(Hit, [(entity, tier, activation)])], the first round's
+            activated entities found in each hit passage (tier >= 2: reached by semantic bridging).
+
+        Examples
+        --------
+        >>> ex = rag.explain("Who directed Blue River?", top_k=2)[0]
+        >>> [hit.id for hit, entities in ex["hits"]]
+        ['p1', 'p2']
+        >>> ex["question_entities"]
+        ['blue river']
+        """
         if isinstance(questions, str):
             questions = [questions]
         cfg = self.config.replace(top_k=top_k, **overrides)

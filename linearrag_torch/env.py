@@ -152,7 +152,24 @@ def _auto_device() -> str:
 
 
 def resolve_device(device: "str | torch.device" = "auto") -> "torch.device":
-    """"auto" -> CUDA when present, else CPU; anything else is passed to torch.device."""
+    """The torch device a ``device`` argument names.
+
+    Parameters
+    ----------
+    device : str or torch.device, default "auto"
+        "auto" (CUDA when torch sees it, else the CPU), or anything ``torch.device`` takes ("cpu", "cuda:1").
+
+    Returns
+    -------
+    torch.device
+        The device. "cuda" without a CUDA device raises ``ValueError``.
+
+    Examples
+    --------
+    >>> from linearrag_torch import resolve_device
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    """
     import torch
 
     if str(device) == "auto":

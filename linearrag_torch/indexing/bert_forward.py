@@ -3,8 +3,9 @@ module-call overhead.
 
 transformers' BertModel runs each of its ~110 submodules through nn.Module.__call__ (hooks, output capture,
 keyword handling), builds its attention mask through a generic helper, and computes the pooler output,
-which mean pooling never reads. For one question alone that overhead was about a quarter of the encoder
-stage on a 2-core CPU (hotpotqa_train100 questions: 17.2 against 13.1 ms, best of 4 alternating runs). ``BertForward`` issues the same tensor
+which mean pooling never reads. For one question alone that overhead was a large share of the encoder
+stage on a CPU (measured: docs/benchmarks/throughput.md, "After the lean encoder forward and the graph
+trims"). ``BertForward`` issues the same tensor
 operations, in the same order and on the same weights, straight from Python: embeddings (word +
 token type 0, then + position, LayerNorm), then per layer the query, key and value projections,
 ``scaled_dot_product_attention`` with the padding mask, the output projection + residual + LayerNorm,

@@ -6,13 +6,14 @@ attention so that the padding mask is part of the graph, dynamic batch and lengt
 batch before it is kept (atomic rename), and loaded from there afterwards. Pooling and normalisation stay in
 torch (encoding.Encoder). ONNX Runtime fuses the attention, layer norms and GELU and calls far fewer kernels
 than torch's eager modules: a short question costs a fraction of the torch forward pass, while long batches
-(indexing) are matrix products either way. Vectors equal torch's float32 ones to float noise (~2e-7 measured).
+(indexing) are matrix products either way. Vectors equal torch's float32 ones to float noise (measured:
+docs/tuning.md, "ONNX Runtime question encoder").
 
 The session's threads are fixed when it is made: torch's thread count at that time (linearrag_torch.retrieval.pipeline
 .set_threads / --threads before the first question). Its threads do not spin while they wait: spinning made
-the encoder alone faster (a question at 2 threads, quiet: 6.3 ms against 10.1) but its threads then compete with
-torch's for the cores, and the graph stage that follows took twice as long (benchmarks.throughput at batch 1:
-40 ms against 18-22), so end to end it lost.
+the encoder alone faster, but its threads then compete with torch's for the cores and the graph stage that
+follows slowed down more than that, so end to end it lost (measured: docs/benchmarks/throughput.md, "Question
+encoders compared: exact, bf16, ONNX Runtime").
 """
 from __future__ import annotations
 

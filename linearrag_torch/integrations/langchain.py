@@ -27,9 +27,31 @@ from . import HitSource, hit_metadata
 
 
 class LinearRAGRetriever(BaseRetriever):
-    """Top-k LinearRAG passages as LangChain Documents. Give exactly one of ``rag`` (a loaded
-    LinearRAG), ``index_dir`` (loaded on first use) or ``url`` (a `linearrag serve` server, with
-    ``api_key`` if it has one). ``search_kwargs``: retrieval settings for every call (e.g. mode, delta)."""
+    """Top-k LinearRAG passages as LangChain Documents (a langchain-core ``BaseRetriever``).
+
+    Give exactly one of ``rag``, ``index_dir`` or ``url``. ``batch`` and ``abatch`` make ONE engine call (or
+    request) for the whole batch. A Document's ``page_content`` is the passage text, its ``id`` str(corpus id),
+    its ``metadata`` {"id", "score", "title"} (plus "row", the index position, in process).
+
+    Parameters
+    ----------
+    rag, index_dir, url, api_key, timeout, device
+        Where the hits come from, as for ``HitSource``: exactly one of a loaded LinearRAG (``rag``,
+        searched in this process), an index folder loaded on first use on ``device`` (``index_dir``) or a
+        `linearrag serve` server (``url``, with ``api_key`` if it has one, ``timeout`` seconds per request).
+    top_k : int, default 5
+        Passages per query.
+    search_kwargs : dict, default {}
+        Retrieval settings for every call (e.g. ``{"mode": "paper", "delta": 0.3}``).
+
+    Examples
+    --------
+    >>> from linearrag_torch.integrations.langchain import LinearRAGRetriever
+    >>> retriever = LinearRAGRetriever(rag=rag, top_k=2)
+    >>> [doc.id for doc in retriever.invoke("Who directed Blue River?")]
+    ['p1', 'p2']
+    >>> remote = LinearRAGRetriever(url="http://127.0.0.1:8000", api_key="KEY")  # doctest: +SKIP
+    """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -73,8 +95,32 @@ class LinearRAGRetriever(BaseRetriever):
         return starts
 
     def batch(self, inputs: list[str], config=None, *, return_exceptions: bool = False, **kwargs: Any) -> list:
-        """Documents for every query, from ONE engine call (or one HTTP request) for the whole batch;
-        callbacks see one retriever run per query, as with invoke."""
+        """Documents for every query, from ONE engine call (or one HTTP request) for the whole batch.
+
+        Callbacks see one retriever run per query, as with ``invoke``.
+
+        Parameters
+        ----------
+        inputs : list of str
+            The queries.
+        config : RunnableConfig or list of RunnableConfig, optional
+            LangChain's run configuration (callbacks, tags, metadata, run names), one or one per query.
+        return_exceptions : bool, default False
+            On a failure, return the exception for every query instead of raising it.
+        **kwargs
+            Passed to the callbacks' configuration (``verbose``, ...).
+
+        Returns
+        -------
+        list of list of Document
+            One list per query, best first (or the exceptions, with ``return_exceptions``).
+
+        Examples
+        --------
+        >>> batch = retriever.batch(["Who directed Blue River?", "Where was Karl Berg born?"])
+        >>> [docs[0].metadata["title"] for docs in batch]
+        ['Blue River', 'Karl Berg']
+        """
         if not inputs:
             return []
         runs = [m.on_retriever_start(None, q, name=cfg.get("run_name") or self.get_name(), run_id=cfg.get("run_id"))
@@ -92,7 +138,24 @@ class LinearRAGRetriever(BaseRetriever):
         return results
 
     async def abatch(self, inputs: list[str], config=None, *, return_exceptions: bool = False, **kwargs: Any) -> list:
-        """batch() for asyncio: one engine call (in a worker thread) or one async HTTP request."""
+        """``batch`` for asyncio: one engine call (in a worker thread) or one async HTTP request.
+
+        Parameters
+        ----------
+        inputs, config, return_exceptions
+            As for ``batch``.
+        **kwargs
+            As for ``batch``.
+
+        Returns
+        -------
+        list of list of Document
+            As for ``batch``.
+
+        Examples
+        --------
+        >>> batch = await retriever.abatch(["Who directed Blue River?"])  # doctest: +SKIP
+        """
         if not inputs:
             return []
         runs = [await m.on_retriever_start(None, q, name=cfg.get("run_name") or self.get_name(), run_id=cfg.get("run_id"))

@@ -23,8 +23,33 @@ from . import HitSource, hit_metadata
 
 
 class LinearRAGRetriever(BaseRetriever):
-    """Top-k LinearRAG passages as NodeWithScore. Give exactly one of ``rag``, ``index_dir`` or ``url``
-    (with ``api_key`` if the server has one); ``search_settings``: retrieval settings for every call."""
+    """Top-k LinearRAG passages as LlamaIndex NodeWithScore (a llama-index-core ``BaseRetriever``).
+
+    Give exactly one of ``rag``, ``index_dir`` or ``url``. A node is ``TextNode(id_=str(corpus id),
+    text=passage text, metadata={"id", "score", "title"[, "row"]})`` with the LinearRAG score.
+
+    Parameters
+    ----------
+    rag, index_dir, url, api_key, timeout, device
+        Where the nodes come from (``HitSource``): exactly one of ``rag`` (a loaded LinearRAG, searched in
+        this process), ``index_dir`` (an index folder, loaded on first use on ``device``) or ``url`` (a
+        `linearrag serve` server, with ``api_key`` if it has one and ``timeout`` seconds per request).
+    top_k : int, default 5
+        Nodes per query.
+    search_settings : dict, optional
+        Retrieval settings for every call (e.g. ``{"mode": "paper"}``).
+    callback_manager : CallbackManager, optional
+        LlamaIndex's callback manager.
+    verbose : bool, default False
+        LlamaIndex's verbose flag.
+
+    Examples
+    --------
+    >>> from linearrag_torch.integrations.llamaindex import LinearRAGRetriever
+    >>> retriever = LinearRAGRetriever(rag=rag, top_k=2)
+    >>> [node.node.id_ for node in retriever.retrieve("Who directed Blue River?")]
+    ['p1', 'p2']
+    """
 
     def __init__(self, rag=None, *, index_dir=None, url: str | None = None, api_key: str | None = None,
                  top_k: int = 5, timeout: float = 30.0, device: str = "auto", search_settings: dict | None = None,
@@ -46,10 +71,40 @@ class LinearRAGRetriever(BaseRetriever):
         return self._nodes((await self._source.asearch([query_bundle.query_str], self.top_k))[0])
 
     def retrieve_batch(self, queries) -> list[list[NodeWithScore]]:
-        """Nodes for every query (strings or QueryBundles) from one engine call or HTTP request."""
+        """Nodes for every query from one engine call or HTTP request.
+
+        Parameters
+        ----------
+        queries : list of str or QueryBundle
+            The queries.
+
+        Returns
+        -------
+        list of list of NodeWithScore
+            One list per query, best first.
+
+        Examples
+        --------
+        >>> per_query = retriever.retrieve_batch(["Who directed Blue River?", "Where was Karl Berg born?"])
+        >>> [nodes[0].node.metadata["title"] for nodes in per_query]
+        ['Blue River', 'Karl Berg']
+        """
         texts = [q.query_str if isinstance(q, QueryBundle) else q for q in queries]
         return [self._nodes(h) for h in self._source.search(texts, self.top_k)]
 
     async def aretrieve_batch(self, queries) -> list[list[NodeWithScore]]:
+        """``retrieve_batch`` for asyncio: the same queries and nodes (one engine call in a worker thread, or one
+        async HTTP request).
+
+        Parameters
+        ----------
+        queries : list of str or QueryBundle
+            As for ``retrieve_batch``.
+
+        Returns
+        -------
+        list of list of NodeWithScore
+            As for ``retrieve_batch``.
+        """
         texts = [q.query_str if isinstance(q, QueryBundle) else q for q in queries]
         return [self._nodes(h) for h in await self._source.asearch(texts, self.top_k)]

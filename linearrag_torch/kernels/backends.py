@@ -27,7 +27,13 @@ SCIPY_CSR = True  # index.csr.Csr: scipy's counting-sort conversions for CPU ten
 
 @functools.lru_cache(maxsize=None)
 def triton_available() -> bool:
-    """Whether ``import triton`` works (cached: an import failure is not retried)."""
+    """Whether ``import triton`` works (cached: an import failure is not retried).
+
+    Returns
+    -------
+    bool
+        True when Triton and triton.language import.
+    """
     try:
         import triton  # noqa: F401
         import triton.language  # noqa: F401
@@ -38,7 +44,13 @@ def triton_available() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def torch_scatter_available() -> bool:
-    """Whether the optional torch-scatter package imports (pip install torch-scatter: compiles from source)."""
+    """Whether the optional torch-scatter package imports (pip install torch-scatter: compiles from source).
+
+    Returns
+    -------
+    bool
+        True when torch_scatter imports (cached).
+    """
     try:
         import torch_scatter  # noqa: F401
     except Exception:
@@ -47,12 +59,38 @@ def torch_scatter_available() -> bool:
 
 
 def kernels_setting() -> str:
-    """The value of ``LINEARRAG_KERNELS`` (``auto`` when unset)."""
+    """The value of ``LINEARRAG_KERNELS`` (``auto`` when unset).
+
+    Returns
+    -------
+    str
+        "auto", "torch" or "triton".
+    """
     return env.KERNELS.get()
 
 
 def use_triton(t: torch.Tensor) -> bool:
-    """True when the operations should run their Triton implementation on tensor ``t``."""
+    """Whether the operations run their Triton implementation on a tensor.
+
+    Parameters
+    ----------
+    t : torch.Tensor
+        A tensor the operation works on.
+
+    Returns
+    -------
+    bool
+        True for a CUDA tensor when Triton imports (unless ``LINEARRAG_KERNELS=torch``), and for a CPU tensor
+        with ``LINEARRAG_KERNELS=triton`` and ``TRITON_INTERPRET=1`` (Triton's interpreter).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from linearrag_torch.kernels.backends import kernels_mode, use_triton
+    >>> with kernels_mode("torch"):
+    ...     use_triton(torch.zeros(1))
+    False
+    """
     mode = kernels_setting()
     if mode == "torch":
         return False
@@ -62,19 +100,54 @@ def use_triton(t: torch.Tensor) -> bool:
 
 
 def use_torch_scatter(t: torch.Tensor) -> bool:
-    """True when segment_argmax should use torch-scatter on tensor ``t``: installed and on the CPU (where
-    its argmax is the first maximum and it measured faster, see benchmarks/README.md)."""
+    """Whether ``segment_argmax`` uses torch-scatter on a tensor.
+
+    Parameters
+    ----------
+    t : torch.Tensor
+        The values.
+
+    Returns
+    -------
+    bool
+        True when torch-scatter is installed and ``t`` is on the CPU, where its argmax is the first maximum and
+        it is faster (docs/benchmarks/kernels.md).
+    """
     return t.device.type == "cpu" and torch_scatter_available()
 
 
 def use_scipy_csr(t: torch.Tensor) -> bool:
-    """True when index.csr.Csr should convert tensor ``t``'s matrix with scipy (CPU tensors, SCIPY_CSR on)."""
+    """Whether ``index.csr.Csr`` converts a tensor's matrix with scipy.
+
+    Parameters
+    ----------
+    t : torch.Tensor
+        A tensor of the matrix.
+
+    Returns
+    -------
+    bool
+        True for CPU tensors while ``SCIPY_CSR`` is on.
+    """
     return t.device.type == "cpu" and SCIPY_CSR
 
 
 @contextlib.contextmanager
 def kernels_mode(mode: str):
-    """Set LINEARRAG_KERNELS (auto | torch | triton) for the ``with`` block."""
+    """Set ``LINEARRAG_KERNELS`` for the ``with`` block (benchmarks, tests), then restore it.
+
+    Parameters
+    ----------
+    mode : str
+        "auto", "torch" or "triton" (see the module's table).
+
+    Examples
+    --------
+    >>> from linearrag_torch.kernels.backends import kernels_mode, kernels_setting
+    >>> with kernels_mode("torch"):
+    ...     kernels_setting()
+    'torch'
+    """
     old = os.environ.get(KERNELS_ENV)
     os.environ[KERNELS_ENV] = mode
     try:

@@ -22,8 +22,28 @@ from .backends import use_triton
 
 def dangling_mass(dangling_passage_idx: torch.Tensor, dangling_entity_idx: torch.Tensor, xp: torch.Tensor,
                   xe: torch.Tensor) -> torch.Tensor:
-    """g [B]: the iterate's mass on the nodes of strength 0 (passage rows and entity rows given as index
-    lists), per column."""
+    """The iterate's mass on the dangling nodes (strength 0), per column.
+
+    Parameters
+    ----------
+    dangling_passage_idx, dangling_entity_idx : torch.Tensor
+        int64 [n_p], [n_e]: the passage rows and the entity rows of strength 0.
+    xp, xe : torch.Tensor
+        The iterate's passage block [P, B] and entity block [E, B].
+
+    Returns
+    -------
+    torch.Tensor
+        g [B]: the sum of ``xp`` over the dangling passage rows plus that of ``xe`` over the dangling entity rows.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from linearrag_torch.kernels import dangling_mass
+    >>> xp, xe = torch.tensor([[0.2, 0.5], [0.3, 0.1]]), torch.tensor([[0.4, 0.4]])
+    >>> dangling_mass(torch.tensor([1]), torch.tensor([0]), xp, xe)
+    tensor([0.7000, 0.5000])
+    """
     g = xp.new_zeros(xp.shape[1])
     if dangling_passage_idx.numel():
         g += xp.index_select(0, dangling_passage_idx).sum(0)
@@ -48,14 +68,52 @@ def ppr_step(to_passages: torch.Tensor, to_entities: torch.Tensor, between_passa
 
     The fixed point is eq. 6's (the power iteration's); on the bipartite passage-entity graph a step does
     the work of two power-iteration steps (each half uses the other's newest values), so about half as
-    many steps reach a tolerance. W_pe = to_passages [P, E], W_ep = to_entities [E, P], W_pp =
-    between_passages [P, P] (or None), all torch CSR; dangling_*_idx: the rows of strength 0. Writes p',
-    e' into ``out_p``, ``out_e`` (distinct from every input) and returns ``change``; ``xp`` and ``xe`` are
-    used as scratch and hold garbage afterwards. ``workspace``: a dict kept with the matrices across steps
-    (caches derived from them); None = no caching. ``joint``: (x, out), when xp, xe are the row blocks of one
-    contiguous [P + E, B] tensor x and out_p, out_e those of ``out``: the torch path then takes the change in
-    one pass over the whole (three dispatches instead of seven, which is what a step of a few columns costs on
-    CPU); its float sum may differ from the two-part one in the last bit.
+    many steps reach a tolerance. Triton on CUDA tensors (``backends.use_triton``), else torch.
+
+    Parameters
+    ----------
+    to_passages : torch.Tensor
+        W_pe [P, E], torch CSR.
+    to_entities : torch.Tensor
+        W_ep [E, P], torch CSR.
+    between_passages : torch.Tensor or None
+        W_pp [P, P], torch CSR, or None (no passage-passage edges).
+    dangling_passage_idx, dangling_entity_idx : torch.Tensor
+        int64: the passage rows and entity rows of strength 0.
+    xp, xe : torch.Tensor
+        The iterate [P, B] and [E, B]; used as scratch: they hold garbage afterwards.
+    rp, re : torch.Tensor
+        The reset (personalisation) [P, B] and [E, B].
+    damping : float
+        d, the probability of following an edge.
+    out_p, out_e : torch.Tensor
+        [P, B] and [E, B], distinct from every input: p' and e' are written here.
+    workspace : dict, optional
+        Kept with the matrices across steps (caches derived from them); None: no caching.
+    joint : tuple of torch.Tensor, optional
+        (x, out) when xp, xe are the row blocks of one contiguous [P + E, B] tensor x and out_p, out_e those
+        of ``out``: the torch path then takes the change in one pass over the whole (three dispatches instead
+        of seven); its float sum may differ from the two-part one in the last bit.
+
+    Returns
+    -------
+    torch.Tensor
+        change [B]: the L1 change of each column.
+
+    Examples
+    --------
+    Two passages and two entities; entity 0 is in both passages, entity 1 in passage 1 only:
+
+    >>> import torch
+    >>> from linearrag_torch.kernels import ppr_step
+    >>> W_pe = torch.tensor([[0.5, 0.0], [0.5, 1.0]]).to_sparse_csr()
+    >>> W_ep = torch.tensor([[1.0, 0.5], [0.0, 0.5]]).to_sparse_csr()
+    >>> none = torch.empty(0, dtype=torch.int64)
+    >>> rp, re = torch.tensor([[1.0], [0.0]]), torch.zeros(2, 1)
+    >>> out_p, out_e = torch.empty(2, 1), torch.empty(2, 1)
+    >>> change = ppr_step(W_pe, W_ep, None, none, none, rp.clone(), re.clone(), rp, re, 0.5, out_p, out_e)
+    >>> out_p.flatten().tolist(), out_e.flatten().tolist(), change.tolist()
+    ([0.5, 0.0], [0.25, 0.0], [0.75])
     """
     d = float(damping)
     workspace = {} if workspace is None else workspace

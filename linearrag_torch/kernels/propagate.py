@@ -20,7 +20,36 @@ def propagate_step(M: torch.Tensor, MT: torch.Tensor, a: torch.Tensor, sigma, de
         y  = Mᵀ (sigma ⊙ x)                   [E, B]
         a' = max(y ⊙ [y >= delta], a)         (element-wise; an entity y does not reach has y = 0)
 
-    ``sigma`` is (sentence_emb, query_emb) (see gather_sigma). Returns a' (new tensor).
+    Parameters
+    ----------
+    M : torch.Tensor
+        [S, E] torch CSR: M[s, e] = 1 if sentence s mentions entity e.
+    MT : torch.Tensor
+        Mᵀ [E, S], torch CSR.
+    a : torch.Tensor
+        The activations [E, B] (an entity per row, a question per column).
+    sigma : tuple of torch.Tensor
+        (sentence_emb [S, D], query_emb [B, D]): sigma[s, b] is their dot product, computed for the
+        (sentence, question) pairs reached only (see ``gather_sigma``).
+    delta : float
+        The activation threshold.
+
+    Returns
+    -------
+    torch.Tensor
+        a' [E, B], a new tensor.
+
+    Examples
+    --------
+    Sentence 0 mentions entities 0 and 1, sentence 1 entity 1; entity 0 is active:
+
+    >>> import torch
+    >>> from linearrag_torch.kernels import propagate_step
+    >>> M = torch.tensor([[1.0, 1.0], [0.0, 1.0]])
+    >>> sigma = (torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([[0.8, 0.6]]))
+    >>> a = torch.tensor([[1.0], [0.0]])
+    >>> propagate_step(M.to_sparse_csr(), M.T.contiguous().to_sparse_csr(), a, sigma, 0.4).flatten()
+    tensor([1.0000, 0.8000])
     """
     E, B = a.shape
     a_new = a.clamp(min=0)  # untouched entries: max(0 ⊙ [0 >= delta], a) = max(0, a)

@@ -17,8 +17,31 @@ NONE = -1  # marks "no sentence left" in the [n, k] output
 
 
 def segment_positions(crow: torch.Tensor, rows: torch.Tensor):
-    """For a list of CSR rows: (owner, pos, offsets) with owner[i] the position in ``rows`` of entry i,
-    pos[i] its storage position in the CSR arrays, offsets[j] where row j's entries start."""
+    """The stored entries of some rows of a CSR matrix, as flat index vectors.
+
+    Parameters
+    ----------
+    crow : torch.Tensor
+        The CSR row pointer [R + 1].
+    rows : torch.Tensor
+        int64 [n]: the rows asked (repeats allowed).
+
+    Returns
+    -------
+    owner : torch.Tensor
+        int64 [m]: for entry i, its row's position in ``rows``.
+    pos : torch.Tensor
+        int64 [m]: its storage position in the CSR's column and value arrays.
+    offsets : torch.Tensor
+        int64 [n]: where the entries of ``rows[j]`` start among the m.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from linearrag_torch.kernels import segment_positions
+    >>> segment_positions(torch.tensor([0, 2, 3, 5]), torch.tensor([2, 0]))
+    (tensor([0, 0, 1, 1]), tensor([3, 4, 0, 1]), tensor([0, 2]))
+    """
     # few dispatches: at one question a retrieval calls this about 15 times on a handful of rows
     starts = crow.index_select(0, rows).to(torch.int64)
     lens = crow.index_select(0, rows + 1).to(torch.int64).sub_(starts)
@@ -35,14 +58,35 @@ DEVICE_SIGMA_CHUNK = 1 << 16
 
 
 def gather_sigma(sigma, s: torch.Tensor, b: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
-    """sigma[s, b] for index vectors s, b. ``sigma`` is the pair (sentence_emb [S, D], query_emb [B, D]):
-    sigma[s, b] = <sentence_emb[s], query_emb[b]> (eq. 4) is computed for the asked pairs only, ``chunk``
-    pairs at a time (None: CPU_SIGMA_CHUNK on the CPU, DEVICE_SIGMA_CHUNK elsewhere; testing.sigma_pair writes
-    a dense [S, B] sigma in this form). Half-precision sentence vectors and float32 questions give float32
-    sigma (the products are formed in float32).
+    """sigma[s, b] = <sentence_emb[s], query_emb[b]> (eq. 4) for the asked (sentence, question) pairs only.
+
     Each pair's value is its own row product, whatever the chunk or the other pairs (a question's sigma does
-    not depend on its batch). Chunks of 1024 pairs keep the gathered rows in cache: 55,000 pairs on 2wiki's
-    sentences took 37 ms against 119 ms in chunks of 65,536 (2-core CPU)."""
+    not depend on its batch). On the CPU, chunks of 1024 pairs keep the gathered rows in cache (measured:
+    docs/benchmarks/kernels.md, "Figures behind the code's choices").
+
+    Parameters
+    ----------
+    sigma : tuple of torch.Tensor
+        (sentence_emb [S, D], query_emb [B, D]) (``testing.sigma_pair`` writes a dense [S, B] sigma in this form).
+    s, b : torch.Tensor
+        int64 [n]: the sentence and the question of each pair.
+    chunk : int, optional
+        Pairs per product (None: CPU_SIGMA_CHUNK on the CPU, DEVICE_SIGMA_CHUNK elsewhere).
+
+    Returns
+    -------
+    torch.Tensor
+        [n]: sigma of each pair. Half-precision sentence vectors and float32 questions give float32 sigma (the
+        products are formed in float32).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from linearrag_torch.kernels import gather_sigma
+    >>> sigma = (torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]]), torch.tensor([[0.8, 0.6]]))
+    >>> gather_sigma(sigma, torch.tensor([0, 2]), torch.tensor([0, 0]))
+    tensor([0.8000, 0.9600])
+    """
     sentence_emb, query_emb = sigma
     if chunk is None:
         chunk = CPU_SIGMA_CHUNK if s.device.type == "cpu" else DEVICE_SIGMA_CHUNK
@@ -64,7 +108,40 @@ def segment_topk_sigma(crow: torch.Tensor, col: torch.Tensor, rows: torch.Tensor
                  among those whose key s * batch + q is not in ``used`` (a sorted int64 tensor);
                  NONE (-1) where the row has fewer than k such columns.
 
-    ``sigma`` is (sentence_emb, query_emb) as in gather_sigma. Returns [n, k] int64.
+    Triton on CUDA tensors (``backends.use_triton``): sigma as a dot product on the fly, the used set by binary
+    search, the running best in registers; else torch.
+
+    Parameters
+    ----------
+    crow, col : torch.Tensor
+        The CSR pointer and column indices (Mᵀ: the sentences that mention each entity).
+    rows, qcols : torch.Tensor
+        int64 [n]: the row (entity) and the question of each pair.
+    sigma : tuple of torch.Tensor
+        (sentence_emb [S, D], query_emb [B, D]) as in ``gather_sigma``.
+    used : torch.Tensor
+        Sorted int64 keys s * batch + q of the (sentence, question) pairs already used.
+    batch : int
+        B, the number of questions (the keys' stride).
+    k : int
+        Columns kept per pair.
+
+    Returns
+    -------
+    torch.Tensor
+        int64 [n, k]: the chosen columns, best first; NONE (-1) past the last.
+
+    Examples
+    --------
+    Entity 0 is in sentences 0, 1 and 2; sentence 1 is used already:
+
+    >>> import torch
+    >>> from linearrag_torch.kernels import segment_topk_sigma
+    >>> sigma = (torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]]), torch.tensor([[0.8, 0.6]]))
+    >>> crow, col = torch.tensor([0, 3]), torch.tensor([0, 1, 2])
+    >>> one = torch.tensor([0])
+    >>> segment_topk_sigma(crow, col, one, one, sigma, used=torch.tensor([1]), batch=1, k=2)
+    tensor([[2, 0]])
     """
     n = rows.numel()
     if n == 0:
@@ -105,12 +182,33 @@ def sorted_offsets(owner: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def segment_argmax(values: torch.Tensor, owner: torch.Tensor, n: int, use_scatter: bool | None = None) -> torch.Tensor:
-    """Per segment j (the entries i with owner[i] = j, contiguous): the position of its largest finite
-    value, the first one among ties; -1 for a segment without a finite value.
+    """Per segment, the position of its largest finite value, the first one among ties.
 
-    ``use_scatter``: use torch_scatter.segment_max_csr (one pass) instead of two native scatter_reduce
-    passes; None = as backends.use_torch_scatter decides (installed, CPU tensors). True/False choose
-    explicitly (the tests and benchmarks compare both).
+    Parameters
+    ----------
+    values : torch.Tensor
+        [m] floats.
+    owner : torch.Tensor
+        int64 [m], sorted: the segment of each entry (segment j: the entries with owner == j, contiguous).
+    n : int
+        The number of segments.
+    use_scatter : bool, optional
+        Use torch_scatter.segment_max_csr (one pass) instead of two native scatter_reduce passes; None: as
+        ``backends.use_torch_scatter`` decides (installed, CPU tensors). True/False choose explicitly (the
+        tests and benchmarks compare both).
+
+    Returns
+    -------
+    torch.Tensor
+        int64 [n]: a position in ``values`` per segment; -1 for a segment without a finite value.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from linearrag_torch.kernels import segment_argmax
+    >>> values = torch.tensor([0.1, 0.5, 0.5, float("-inf"), 0.3])
+    >>> segment_argmax(values, torch.tensor([0, 0, 0, 1, 2]), 3)
+    tensor([ 1, -1,  4])
     """
     if use_scatter is None:
         use_scatter = use_torch_scatter(values)
@@ -135,8 +233,32 @@ def segment_argmax(values: torch.Tensor, owner: torch.Tensor, n: int, use_scatte
 
 
 def top_k_per_segment(values: torch.Tensor, owner: torch.Tensor, offsets: torch.Tensor, k: int) -> torch.Tensor:
-    """Positions of the k largest finite values of each segment (segments are contiguous runs of
-    ``owner``), grouped by segment, best first; ties keep the earlier position."""
+    """Positions of the k largest finite values of each segment.
+
+    Parameters
+    ----------
+    values : torch.Tensor
+        [m] floats.
+    owner : torch.Tensor
+        int64 [m], sorted: the segment of each entry (segments are contiguous runs).
+    offsets : torch.Tensor
+        int64 [n]: where each segment starts.
+    k : int
+        Positions kept per segment.
+
+    Returns
+    -------
+    torch.Tensor
+        int64: positions in ``values``, grouped by segment, best first; ties keep the earlier position.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from linearrag_torch.kernels import top_k_per_segment
+    >>> values = torch.tensor([0.1, 0.5, 0.3, 0.9, 0.2])
+    >>> top_k_per_segment(values, torch.tensor([0, 0, 0, 1, 1]), torch.tensor([0, 3]), 2)
+    tensor([1, 2, 3, 4])
+    """
     order = torch.argsort(-values, stable=True)
     order = order[torch.argsort(owner[order], stable=True)]
     rank = torch.arange(order.numel(), device=values.device) - offsets[owner[order]]

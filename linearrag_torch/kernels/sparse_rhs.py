@@ -18,7 +18,32 @@ def spmm_sparse_rhs(AT_crow: torch.Tensor, AT_col: torch.Tensor, AT_val: torch.T
 
         out[p, cols[i]] += Aᵀ[rows[i], p] * vals[i]      for every stored (rows[i], p) of Aᵀ
 
-    Works ``max_entries`` products at a time. Returns ``out``.
+    Parameters
+    ----------
+    AT_crow, AT_col, AT_val : torch.Tensor
+        The CSR arrays of Aᵀ [E, n].
+    rows, cols, vals : torch.Tensor
+        V's entries: row (int64), column (int64) and value of each.
+    out : torch.Tensor
+        [n, B], added to in place.
+    max_entries : int, default 1 << 22
+        Products formed at a time (bounds the working memory).
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``.
+
+    Examples
+    --------
+    Aᵀ has row 0 = (1 at column 0, 2 at column 2) and row 1 = (3 at column 1); V[0, 0] = 0.5, V[1, 1] = 1:
+
+    >>> import torch
+    >>> from linearrag_torch.kernels import spmm_sparse_rhs
+    >>> AT = torch.tensor([0, 2, 3]), torch.tensor([0, 2, 1]), torch.tensor([1.0, 2.0, 3.0])
+    >>> V = torch.tensor([0, 1]), torch.tensor([0, 1]), torch.tensor([0.5, 1.0])
+    >>> spmm_sparse_rhs(*AT, *V, out=torch.zeros(3, 2)).tolist()
+    [[0.5, 0.0], [0.0, 3.0], [1.0, 0.0]]
     """
     if rows.numel() == 0:
         return out

@@ -1,9 +1,9 @@
 """Top-k rows of every column with ties to the lowest row, without sorting whole columns.
 
 A stable descending sort of [B, P] (what a tie rule naturally asks for) costs O(P log P) per
-question: 4.5 s for 100k passages x 64 questions on 2 CPU cores. ``torch.topk`` finds the k-th value
-in one pass, but its order among equal values is unspecified; we keep its k-th value as a cut and
-order only the entries at or above it.
+question (seconds for 100k passages x 64 questions on a CPU: docs/benchmarks/kernels.md). ``torch.topk``
+finds the k-th value in one pass, but its order among equal values is unspecified; we keep its k-th value
+as a cut and order only the entries at or above it.
 """
 from __future__ import annotations
 
@@ -11,11 +11,38 @@ import torch
 
 
 def topk_columns(scores: torch.Tensor, k: int):
-    """For scores [P, B]: (indices [B, k], values [B, k]) with, per column b,
+    """The top k rows of every column, best first, equal values by lower row (a stable descending sort's order):
 
         indices[b] = the k rows p of largest scores[p, b], best first, equal values by lower p
 
-    (the order of a stable descending sort). NaN ranks above every number, as in torch.sort.
+    NaN ranks above every number, as in torch.sort.
+
+    Parameters
+    ----------
+    scores : torch.Tensor
+        [P, B]: a passage per row, a question per column.
+    k : int
+        Rows kept per column (at most P).
+
+    Returns
+    -------
+    indices : torch.Tensor
+        int64 [B, min(k, P)].
+    values : torch.Tensor
+        [B, min(k, P)], the scores of those rows.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from linearrag_torch.kernels import topk_columns
+    >>> scores = torch.tensor([[0.1, 0.9], [0.5, 0.2], [0.5, 0.9], [0.3, 0.1]])
+    >>> indices, values = topk_columns(scores, 2)
+    >>> indices
+    tensor([[1, 2],
+            [0, 2]])
+    >>> values
+    tensor([[0.5000, 0.5000],
+            [0.9000, 0.9000]])
     """
     P, B = scores.shape
     k = min(int(k), P)

@@ -52,8 +52,9 @@ def nearest_entities(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, r
     """For each question entity: (largest cosine, index of the first graph entity reaching it), computed
     in [rows x cols] blocks of the similarity matrix (never the whole Q x E matrix). ``cols`` (default 4,096
     on a CPU, 65,536 on a GPU): on a CPU a block of 4,096 x 256 cosines (4 MiB) is still in cache when its
-    maximum is taken; with 65,536 the maximum read the block back from memory and the scan of 256 rows took
-    1.4x as long (2-core AVX2, 300,000 entities; the products are the same bits whatever the block).
+    maximum is taken; with 65,536 the maximum read the block back from memory and the scan was slower
+    (measured: docs/benchmarks/kernels.md, "Figures behind the code's choices"). The products are the same
+    bits whatever the block.
 
     ``known`` [Q] int64: for a question entity whose vector IS graph entity known[q]'s stored vector
     (the first entity with its encoder tokens; -1 where unknown), that entity and its self-cosine are

@@ -282,8 +282,9 @@ def pair_cosines(sentence_emb: torch.Tensor, query_emb: torch.Tensor, sent: torc
                  question: torch.Tensor) -> torch.Tensor:
     """<sentence_emb[sent[i]], query_emb[question[i]]> as float32 for (question, sentence) pairs sorted by
     question: one sampled product of [B, D] and [D, S] on the pairs' pattern (torch.sparse.sampled_addmm, each
-    pair's own dot product whatever the other pairs, so a question's values do not depend on its batch; 5x
-    faster than gathering both rows per pair at 38,000 pairs on the CPU). Half-precision sentence vectors, or a
+    pair's own dot product whatever the other pairs, so a question's values do not depend on its batch; faster
+    than gathering both rows per pair on the CPU, docs/benchmarks/kernels.md, "Figures behind the code's
+    choices"). Half-precision sentence vectors, or a
     torch or device without that product: kernels.gather_sigma (products of the rows widened to float32)."""
     if sentence_emb.dtype == torch.float32 and sent.numel():
         B = query_emb.shape[0]

@@ -273,9 +273,10 @@ def activate_pairs(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalCo
 
 
 def in_inference_mode(fn):
-    """``fn`` run under torch.inference_mode (a question's ~2,000 small ops cost 13% less on CPU without the
-    autograd bookkeeping), its tensors returned as ordinary copies, so that a caller may change them in place;
-    called inside inference mode (a nested call), it runs as it is."""
+    """``fn`` run under torch.inference_mode (a question's ~2,000 small ops cost less on CPU without the
+    autograd bookkeeping: docs/benchmarks/throughput.md, "On a 2-vCPU AMD EPYC with AVX2 only"), its tensors
+    returned as ordinary copies, so that a caller may change them in place; called inside inference mode (a
+    nested call), it runs as it is."""
 
     @functools.wraps(fn)
     def run(*args, **kwargs):

@@ -10,9 +10,9 @@ The allocator setting (``keep_freed_memory``), process-wide, for big indexes on 
 
 glibc serves every allocation above its mmap threshold (dynamic, at most 32 MiB) with a fresh mmap and
 gives it back to the kernel on free, so each large temporary tensor of an index build or of a big query
-chunk is faulted in again page by page (about 0.6 ns per byte on our 2-core VM, more than the arithmetic
-on it). From about 300,000 passages up most arrays cross that threshold, and building a 1,000,000-passage
-graph took 17-20 s instead of 10-15 s (benchmarks/README.md). ``keep_freed_memory`` raises the thresholds
+chunk is faulted in again page by page, which can cost more than the arithmetic on it. From about 300,000
+passages up most arrays cross that threshold, and building a 1,000,000-passage graph takes markedly longer
+(measured: docs/tuning.md, "Big indexes on Linux"). ``keep_freed_memory`` raises the thresholds
 so freed blocks stay in the process and are reused. The cost: the process keeps its peak memory instead
 of returning it to the system between steps.
 
