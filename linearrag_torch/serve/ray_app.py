@@ -313,7 +313,7 @@ class RayEngineHost:
             await self.stop()
 
     async def hits(self, key: tuple, items: list) -> list:
-        from ..results import Hit
+        from ..corpus import Hit
 
         out = await self._remote_search(key, items)
         for stats in out["batches"]:
