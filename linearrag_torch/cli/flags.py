@@ -16,10 +16,10 @@ def flag_name(f: dataclasses.Field) -> str:
 
 
 def add_flags(group, cls, unset_none: bool = False, show_defaults: bool = True, skip: tuple = ()) -> tuple:
-    """One flag per field of the settings dataclass ``cls`` (RetrievalConfig, IndexConfig) on an argparse
-    group, dest = the field name: booleans as --name / --no-name, the rest typed from the field; --help
-    shows each field's help (and its default with ``show_defaults``). A flag left out gives the field's
-    default, or None with ``unset_none`` (the caller keeps what it has, e.g. the settings stored with an
+    """One flag per field of the settings dataclass ``cls`` (RetrievalConfig, IndexConfig, ServeSettings,
+    RaySettings) on an argparse group, dest = the field name: booleans as --name / --no-name, the rest typed from
+    the field; --help shows each field's help (and its default with ``show_defaults``). A flag left out gives the
+    field's default, or None with ``unset_none`` (the caller keeps what it has, e.g. the settings stored with an
     index: RetrievalConfig.replace ignores None). Returns the names of the fields given a flag."""
     names = []
     for f in fields(cls):
