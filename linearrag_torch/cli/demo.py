@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 from .. import env
-from ..data import sample_corpus_path, sample_questions as demo_questions
 from .common import order_note, sizes
 from .flags import device_arg
 
@@ -24,6 +23,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..api import LinearRAG
+    from ..data import sample_corpus_path, sample_questions as demo_questions  # looked up when the demo runs
     from ..index import IndexFormatError
 
     corpus = sample_corpus_path()
