@@ -27,7 +27,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from linearrag_torch import LinearRAG  # noqa: E402
 from linearrag_torch.corpus import InputError, read_questions  # noqa: E402
-from linearrag_torch.answers.generation import LLMError, add_llm_flags, answer_batch, judge_batch, llm_from_args  # noqa: E402
+from linearrag_torch.answers.generation import LLMError, answer_batch, judge_batch  # noqa: E402
+from linearrag_torch.cli.flags import add_llm_flags, llm_from_args  # noqa: E402
 from linearrag_torch.answers.scoring import answer_scores, recall_at_k  # noqa: E402
 
 METRICS = ("em", "f1", "contains", "contains_words", "judge", "recall")  # the order of the table and the plot

@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "Hit": ".results", "LinearRAG": ".api", "resolve_device": ".env",
+    "Hit": ".corpus", "LinearRAG": ".api", "resolve_device": ".env",
     "IndexConfig": ".config", "RetrievalConfig": ".config",
     "InputError": ".corpus", "Passage": ".corpus", "read_corpus": ".corpus",
     "IndexFormatError": ".index", "IndexLockedError": ".index", "TriGraphIndex": ".index",
@@ -27,11 +27,10 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:  # what type checkers and the API reference (griffe) see
     from .api import LinearRAG
     from .config import IndexConfig, RetrievalConfig
-    from .corpus import InputError, Passage, read_corpus
+    from .corpus import Hit, InputError, Passage, read_corpus
     from .env import resolve_device
     from .index import IndexFormatError, IndexLockedError, TriGraphIndex
     from .queries import EncodedQueries, Retrieved
-    from .results import Hit
 
 
 def __getattr__(name: str):

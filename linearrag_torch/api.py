@@ -11,11 +11,10 @@ import torch
 
 from . import models
 from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig
-from .corpus import check_question, read_passages
+from .corpus import Hit, check_question, read_passages
 from .env import resolve_device
 from .index import TriGraphIndex
 from .queries import EncodedQueries, Retrieved
-from .results import Hit
 from .retrieval import engine, scipy_backend
 
 BACKENDS = ("torch", "scipy")

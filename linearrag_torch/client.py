@@ -30,7 +30,7 @@ import random
 import threading
 import time
 
-from .results import Hit
+from .corpus import Hit
 
 RETRY_STATUSES = (429, 503)
 CONNECTION_BACKOFF_S = 0.1  # the least wait before attempt n+1: this x 2^n (after a failed connection, or a Retry-After)

@@ -3,13 +3,12 @@
 Names follow docs/METHOD.md, "The reference code's settings": ``delta`` is the reference code's iteration_threshold,
 ``lam`` its passage_ratio (lambda of eq. 7), ``passage_node_weight`` is W_p of eq. 7.
 
-Each field carries its help text (``_f(default, help)``); ``add_flags`` makes the command-line flags of
+Each field carries its help text (``_f(default, help)``); ``cli/flags.py`` makes the command-line flags of
 `linearrag index / query / answer` from them, so a new setting is one field here (plus its check in
 ``validate``) and gets its flag, its --help line, storage in the index and per-call overrides for free.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from dataclasses import dataclass, field, fields
 
@@ -361,7 +360,7 @@ class IndexConfig:
 
 @dataclass
 class TrainConfig:
-    """How `linearrag train-reranker` trains the reranker (rerank/train.py; its flags: rerank/options.py)."""
+    """How `linearrag train-reranker` trains the reranker (rerank/train.py; its flags: cli/train_reranker.py)."""
 
     epochs: int = 2
     seed: int = 0
@@ -390,33 +389,3 @@ class TrainConfig:
         if not 0.0 <= self.mine_share <= 1.0 or not 0.0 < self.heldout < 1.0 or not 0.0 <= self.hard_share <= 1.0:
             raise ValueError("mine_share and hard_share must be in [0, 1], heldout in (0, 1)")
 
-
-def flag_name(f: dataclasses.Field) -> str:
-    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-
-
-def add_flags(group, cls, unset_none: bool = False, show_defaults: bool = True, skip: tuple = ()) -> tuple:
-    """One flag per field of the settings dataclass ``cls`` (RetrievalConfig, IndexConfig) on an argparse
-    group, dest = the field name: booleans as --name / --no-name, the rest typed from the field; --help
-    shows each field's help (and its default with ``show_defaults``). A flag left out gives the field's
-    default, or None with ``unset_none`` (the caller keeps what it has, e.g. the settings stored with an
-    index: RetrievalConfig.replace ignores None). Returns the names of the fields given a flag."""
-    names = []
-    for f in fields(cls):
-        if f.name in skip:
-            continue
-        meta = f.metadata
-        shown = ",".join(f.default) if isinstance(f.default, tuple) else f.default
-        text = f"{meta['help']} (default {shown})" if show_defaults and "(default" not in meta["help"] else meta["help"]
-        kw = {"default": None if unset_none else f.default, "help": text}
-        if isinstance(f.default, bool):
-            kw["action"] = argparse.BooleanOptionalAction
-        else:
-            kw["type"] = meta.get("type") or type(f.default)
-            if "flag" in meta:
-                kw["metavar"] = meta["flag"].lstrip("-").replace("-", "_").upper()
-        if "choices" in meta:
-            kw["choices"] = meta["choices"]
-        group.add_argument(flag_name(f), dest=f.name, **kw)
-        names.append(f.name)
-    return tuple(names)

@@ -11,9 +11,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Iterator, NamedTuple, Union
 
 PassageId = Union[int, str]
+
+
+class Hit(NamedTuple):
+    """A passage as a search returns it (LinearRAG.search, the sharded engine, the HTTP client, the adapters)."""
+
+    id: object  # the corpus id
+    score: float
+    title: str
+    text: str
+    row: int  # position in the index
 
 
 class InputError(ValueError):

@@ -56,7 +56,7 @@ CACHE = Variable(
     "LINEARRAG_CACHE", "~/.cache/linearrag_torch",
     "folder of what the package caches: the demo's index (`linearrag demo`), the ONNX export of the question "
     "encoder (`onnx/`)",
-    "demo.py, indexing/onnx_encoder.py")
+    "cli/demo.py, indexing/onnx_encoder.py")
 API_KEY = Variable(
     "LINEARRAG_API_KEY", None,
     "the server requires `Authorization: Bearer KEY` on every route but /health (`--api-key` overrides it); "
@@ -66,7 +66,7 @@ LLM_BASE_URL = Variable(
     "LINEARRAG_LLM_BASE_URL", None,
     "the OpenAI-compatible chat endpoint of `linearrag answer`, `rag.answer`, `linearrag serve` (POST /answer) "
     "when `--llm-base-url` / `base_url=` is not given; unset: `$OPENAI_BASE_URL`",
-    "answers/generation.py, cli.py")
+    "answers/generation.py, cli/serve.py")
 LLM_MODEL = Variable(
     "LINEARRAG_LLM_MODEL", None,
     "the chat model's name when `--llm-model` / `model=` is not given",
@@ -115,9 +115,9 @@ RAY_ADDRESS = Variable(
 HF_HUB_OFFLINE = Variable(
     "HF_HUB_OFFLINE", "1",
     "set to 1 by `linearrag` and the torchrun entry point unless already set: models load from local folders "
-    "and pip packages, nothing is downloaded", "cli.py, distributed/__main__.py (offline_by_default)")
+    "and pip packages, nothing is downloaded", "cli/__init__.py, distributed/__main__.py (offline_by_default)")
 TRANSFORMERS_OFFLINE = Variable("TRANSFORMERS_OFFLINE", "1", "as `HF_HUB_OFFLINE`",
-                                "cli.py, distributed/__main__.py (offline_by_default)")
+                                "cli/__init__.py, distributed/__main__.py (offline_by_default)")
 
 VARIABLES = (MEMORY_BUDGET, THREADS, KERNELS, CACHE, API_KEY, LLM_BASE_URL, LLM_MODEL, LLM_API_KEY, LLM_CACHE,
              SHARD_TIMEOUT, TEST_PAUSE_BEFORE_COMMIT, TEST_WRITE_STEP_PAUSE, OPENAI_BASE_URL, OPENAI_API_KEY,

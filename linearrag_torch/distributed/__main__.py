@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import env
 from ..cli import parser
-from ..cli_common import order_note, print_hits, question_items, retrieval_settings
+from ..cli.common import order_note, print_hits, question_items, retrieval_settings
 from .launch import init_group, query_config, query_job, stored_config
 
 

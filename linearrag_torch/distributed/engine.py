@@ -488,7 +488,7 @@ class ShardedEngine:
 
     def hits(self, out: Retrieved) -> list:
         """api.LinearRAG.hits for a sharded result (every rank gets the same list)."""
-        from ..results import Hit
+        from ..corpus import Hit
 
         idx, scores = out.indices.cpu().tolist(), out.scores.cpu().tolist()
         info = self.passages([i for row in idx for i in row if i >= 0])

@@ -10,7 +10,7 @@ import time
 import torch
 
 from .. import env
-from ..cli_common import open_index_dir, order_note, print_hits, retrieval_settings
+from ..cli.common import open_index_dir, order_note, print_hits, retrieval_settings
 from ..config import RetrievalConfig
 from ..queries import EncodedQueries, Retrieved
 from .comm import Comm
@@ -159,7 +159,7 @@ def query_job(comm: Comm, index_dir: str, questions: list, overrides: dict, top_
 
 
 def cmd_query_sharded(args, items: list) -> int:
-    """`linearrag query INDEX_DIR ... --shards N`: N local processes, rank 0 prints (cli_common.print_hits)."""
+    """`linearrag query INDEX_DIR ... --shards N`: N local processes, rank 0 prints (cli/common.py print_hits)."""
     if args.backend != "torch":
         raise ValueError("--shards runs the torch engine; --backend scipy answers in one process")
     open_index_dir(args.index_dir)  # a clear error now for a folder that holds no index

@@ -138,7 +138,7 @@ def cluster_line(ray, starts_local: bool) -> str:
     nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
     where = "a new local Ray cluster" if starts_local else "the Ray cluster at " + str(
         ray.get_runtime_context().gcs_address)
-    from ..cli_common import count
+    from ..cli.common import count
 
     return f"Ray: {where}, {count(nodes, 'node')}, {cpus:g} CPUs, {gpus:g} GPUs"
 
@@ -507,37 +507,3 @@ def add(rag, corpus, options: Optional[RayOptions] = None, progress: bool = True
     rag.replace_index(add_passages(rag.index, passages, progress=progress, encoder=encoder,
                                 analyse=session.analyse(cfg, progress), timings=timings, ids_checked=True))
     return rag
-
-
-# ---------------------------------------------------------------------------------------------- command line
-def add_flags(p) -> None:
-    """--ray [ADDRESS] and the actor flags of `linearrag index` and `linearrag add`."""
-    g = p.add_argument_group("Ray cluster", 'run NER and encoding on a Ray cluster with Ray Data (pip install -e ".[ray]"); '
-                                            "the index equals the local build's")
-    g.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                   help="build on Ray: ADDRESS of the head node (HOST:6379, or ray://HOST:10001 for Ray Client), "
-                        "'local' for a new Ray on this machine; without ADDRESS: $RAY_ADDRESS, or the Ray started "
-                        "here with `ray start`, else a new local one")
-    g.add_argument("--ray-ner-actors", type=int, default=None, metavar="N",
-                   help="spaCy actors, 1 CPU each (default: one per CPU of the cluster)")
-    g.add_argument("--ray-encode-actors", type=int, default=None, metavar="N",
-                   help="encoder actors (default: one per GPU, else one per --ray-encode-cpus CPUs)")
-    g.add_argument("--ray-encode-cpus", type=float, default=None, metavar="C",
-                   help="CPUs (and torch threads) of each encoder actor (default: 1 for GPU actors; for CPU actors "
-                        "the cores of this machine, as a local build uses, at most the largest node's CPUs)")
-    g.add_argument("--ray-encode-gpus", type=float, default=None, metavar="G",
-                   help="GPUs of each encoder actor (default: 1 when the cluster has GPUs, else 0: CPU actors)")
-
-
-def options_from_args(args) -> Optional[RayOptions]:
-    """RayOptions from the flags of add_flags, or None without --ray."""
-    if args.ray is None:
-        return None
-    for name in ("ray_ner_actors", "ray_encode_actors"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise RayBuildError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    if (args.ray_encode_cpus is not None and args.ray_encode_cpus <= 0) or (args.ray_encode_gpus is not None and args.ray_encode_gpus < 0):
-        raise RayBuildError("--ray-encode-cpus must be positive and --ray-encode-gpus not negative")
-    return RayOptions(address=args.ray or None, ner_actors=args.ray_ner_actors, encode_actors=args.ray_encode_actors,
-                      encode_cpus=args.ray_encode_cpus, encode_gpus=args.ray_encode_gpus)

@@ -42,7 +42,6 @@ from dataclasses import dataclass, fields
 from typing import Callable, Hashable, Sequence
 
 from ..config import _f
-from ..config import add_flags as _add_setting_flags
 from .batcher import BatchStats
 from .settings import ServeSettings
 
@@ -104,16 +103,6 @@ class RaySettings:
         if not 0 <= lo <= hi or hi < 1:
             raise ValueError(f"autoscale needs 0 <= MIN <= MAX and MAX >= 1, got {self.autoscale!r}")
         return lo, hi
-
-
-def add_flags(p) -> None:
-    """The RaySettings flags, in their own group of `linearrag serve --help`."""
-    _add_setting_flags(p.add_argument_group("Ray Serve (--ray)", "replicas of the engine on a Ray cluster"),
-                       RaySettings)
-
-
-def from_args(args) -> RaySettings:
-    return RaySettings(**{f.name: getattr(args, f.name) for f in fields(RaySettings)})
 
 
 # ---------------------------------------------------------------------------------------------- batching
@@ -324,7 +313,7 @@ class RayEngineHost:
             await self.stop()
 
     async def hits(self, key: tuple, items: list) -> list:
-        from ..results import Hit
+        from ..corpus import Hit
 
         out = await self._remote_search(key, items)
         for stats in out["batches"]:
@@ -513,7 +502,7 @@ def serve_ray(index_dir, settings: ServeSettings, ray_settings: RaySettings, llm
     import ray
     from ray import serve
 
-    from ..cli_common import count
+    from ..cli.common import count
     from ..indexing.ray_build import cluster_line, init_quietly, starts_new_cluster
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,13 +1,11 @@
-"""The server's settings: one dataclass, the help text beside each field, the CLI flags made from it."""
+"""The server's settings: one dataclass, the help text beside each field (cli/serve.py makes the flags from it)."""
 from __future__ import annotations
 
-import argparse
 import dataclasses
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from .. import env
 from ..config import ENCODER_BACKENDS, _f
-from ..config import add_flags as _add_setting_flags
 
 API_KEY_ENV = env.API_KEY.name
 
@@ -119,11 +117,3 @@ class ServeSettings:
         d["api_key"] = "set" if self.api_key else None
         return d
 
-
-def add_flags(p: argparse.ArgumentParser) -> None:
-    """One --flag per ServeSettings field, help and defaults from the field (config.add_flags)."""
-    _add_setting_flags(p.add_argument_group("server settings"), ServeSettings)
-
-
-def from_args(args) -> ServeSettings:
-    return ServeSettings(**{f.name: getattr(args, f.name) for f in fields(ServeSettings)})

@@ -172,7 +172,7 @@ def test_cli_shards_prints_what_one_process_prints(small_index_dir, small_questi
     one = capsys.readouterr().out
     assert main(["query", str(small_index_dir), *qs, "--shards", "2"]) == 0
     two = capsys.readouterr().out
-    hits = [line for line in one.splitlines() if not line.lstrip().startswith("(order:")]  # cli_common.order_note
+    hits = [line for line in one.splitlines() if not line.lstrip().startswith("(order:")]  # cli/common.py order_note
     assert len(hits) == 3 * 6 and two == one
 
 

@@ -119,6 +119,7 @@ def test_the_local_build_loads_each_model_once_and_no_ray_code(tiny_corpus, tiny
                                                                monkeypatch):
     """`linearrag index` and `linearrag add` without --ray: spaCy and the encoder load once each (the question
     encoder shares the passage encoder's model), and nothing of indexing/ray_build runs."""
+    from linearrag_torch.cli import add as add_command, index as index_command
     from linearrag_torch.indexing import ray_build
 
     loads = []
@@ -129,8 +130,10 @@ def test_the_local_build_loads_each_model_once_and_no_ray_code(tiny_corpus, tiny
     def no_ray(*args, **kwargs):
         raise AssertionError("the local build went through ray_build")
 
-    for name in ("build", "add", "options_from_args", "connect"):
+    for name in ("build", "add", "connect"):
         monkeypatch.setattr(ray_build, name, no_ray)
+    for command in (index_command, add_command):  # the RayOptions of the flags
+        monkeypatch.setattr(command, "ray_options", no_ray)
     folder = tmp_path / "index"
     rc, _, err = run(capsys, "index", tiny_corpus, folder, "--quiet", "--device", "cpu")
     assert rc == 0, err
@@ -375,7 +378,7 @@ def test_serve_on_a_port_in_use_is_one_line_before_the_index_loads(tiny_index, c
 
 
 def test_counts_read_as_english():
-    from linearrag_torch.cli_common import count, sizes
+    from linearrag_torch.cli.common import count, sizes
 
     assert [count(n, "passage") for n in (0, 1, 2, 1234)] == ["0 passages", "1 passage", "2 passages", "1,234 passages"]
     assert count(1, "entity", "entities") == "1 entity" and count(3, "reply", "replies") == "3 replies"
@@ -488,13 +491,14 @@ def test_console_script_help():
 def test_every_setting_is_a_flag():
     from dataclasses import fields
 
-    from linearrag_torch.cli import _retrieval_config, parser
+    from linearrag_torch.cli import parser
+    from linearrag_torch.cli.flags import retrieval_config
     from linearrag_torch.config import RetrievalConfig
 
     args = parser().parse_args(["query", "idx", "q", "--chain-rounds", "2", "--no-use-ppr", "--chain-weight", "1.5",
                                 "--adjacent-passages", "--no-lexicon-seeds"])
     stored = RetrievalConfig(delta=0.3)
-    cfg = _retrieval_config(args, stored)
+    cfg = retrieval_config(args, stored)
     assert (cfg.chain_rounds, cfg.use_ppr, cfg.chain_weight, cfg.adjacent_passages, cfg.lexicon_seeds) == (2, False, 1.5, True, False)
     assert cfg.delta == 0.3 and cfg.use_activation  # flags left out keep the stored values
     names = {f.name for f in fields(RetrievalConfig)}
@@ -506,4 +510,4 @@ def test_every_setting_is_a_flag():
     assert icfg == IndexConfig(n_process=2, title_entities=False, dropped_labels=("ORDINAL", "DATE"))
     plain = parser().parse_args(["index", "c.jsonl", "idx"])
     assert IndexConfig(**{n: getattr(plain, n) for n in plain.index_fields}) == IndexConfig()
-    assert _retrieval_config(plain, RetrievalConfig()) == RetrievalConfig()
+    assert retrieval_config(plain, RetrievalConfig()) == RetrievalConfig()

@@ -1,6 +1,9 @@
 """The package's layout: no import cycle between its modules (every import statement read with ast, those at
-module level and those deferred into functions alike: a deferred import still ties the two modules together)."""
+module level and those deferred into functions alike: a deferred import still ties the two modules together), no
+private attribute set from outside, argparse only in the command-line package (cli/), and at most ten modules
+directly in linearrag_torch/."""
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,3 +126,54 @@ def test_the_scan_finds_a_private_attribute_set_from_outside(tmp_path):
 
 def test_no_private_attribute_of_another_object_is_set_in_the_package():
     assert private_assignments() == []
+
+
+CLI = PACKAGE / "cli"
+ARGPARSE = re.compile(r"\bargparse\b|add_argument|ArgumentParser|add_subparsers")
+
+
+def argparse_lines(package: Path = PACKAGE, cli: Path = CLI) -> list:
+    """file:line of every line outside the command-line package ``cli`` that names argparse or builds a parser:
+    the flags are made in one place, from the settings dataclasses."""
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        if cli in path.parents:
+            continue
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if ARGPARSE.search(line):
+                out.append(f"{path.relative_to(package.parent)}:{lineno}")
+    return out
+
+
+def test_the_argparse_scan_finds_a_parser_outside_cli(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "cli").mkdir(parents=True)
+    (pkg / "cli" / "flags.py").write_text("import argparse\np = argparse.ArgumentParser()\n")
+    (pkg / "settings.py").write_text("x = 1\n\ndef add(p):\n    p.add_argument('--x')\n")
+    assert argparse_lines(pkg, pkg / "cli") == ["pkg/settings.py:4"]
+
+
+def test_argparse_lives_only_in_the_cli_package():
+    assert argparse_lines(PACKAGE, PACKAGE / "nowhere")  # the scan sees the parsers (in cli/)
+    assert argparse_lines() == []
+
+
+MAX_TOP_LEVEL_MODULES = 10
+
+
+def top_level_modules(package: Path = PACKAGE) -> list:
+    """The modules directly in the package (not __init__.py): the rest sit in subpackages by what they do."""
+    return sorted(p.name for p in package.glob("*.py") if p.name != "__init__.py")
+
+
+def test_the_module_count_sees_only_the_top_level(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    for name in ("__init__.py", "a.py", "b.py", "sub/c.py"):
+        (pkg / name).write_text("")
+    assert top_level_modules(pkg) == ["a.py", "b.py"]
+
+
+def test_at_most_ten_modules_sit_directly_in_the_package():
+    modules = top_level_modules()
+    assert "api.py" in modules and len(modules) <= MAX_TOP_LEVEL_MODULES, modules

@@ -1,14 +1,14 @@
-"""The command line of `linearrag train-reranker` (no torch import: `linearrag --help` stays fast); its settings are
-config.TrainConfig."""
+"""`linearrag train-reranker --train TRAIN.jsonl --out OUT`: train the cross-encoder reranker (rerank/train.py;
+no torch import here: `linearrag --help` stays fast); its settings are config.TrainConfig."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 from ..config import TrainConfig
+from .flags import device_arg
 
 
-# ----------------------------------------------------------------------------------------- command line
 def add_parser(sub) -> None:
     """`linearrag train-reranker` on the CLI's subparsers."""
     d = TrainConfig()
@@ -46,7 +46,7 @@ def add_parser(sub) -> None:
     p.add_argument("--mine-index", metavar="DIR", default=None,
                    help="the mining index folder: loaded when it holds an index, else built there (default OUT/mining_index)")
     p.add_argument("--limit", type=int, default=None, help="use only the first N questions (a quick trial)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N (default auto)")
+    device_arg(p)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
     p.add_argument("--float32", action="store_true", help="store the weights in float32 (default float16, half the size)")
     p.add_argument("--no-resume", action="store_true", help="start over even when OUT holds a checkpoint of this run")
@@ -57,7 +57,7 @@ def run(args) -> int:
     import sys
 
     from ..env import resolve_device
-    from .train import mine, mining_questions, read_training_file, train
+    from ..rerank.train import mine, mining_questions, read_training_file, train
 
     cfg = TrainConfig(epochs=args.epochs, seed=args.seed, lr=args.lr, negatives=args.negatives,
                       questions_per_step=args.questions_per_step, max_length=args.max_length,

@@ -6,14 +6,25 @@ import sys
 import time
 from pathlib import Path
 
-from . import env
-from .cli_common import order_note, sizes
-from .data import sample_corpus_path, sample_questions as demo_questions
-from .index import IndexFormatError
+from .. import env
+from .common import order_note, sizes
+from .flags import device_arg
 
 
-def run_demo(args) -> int:
-    from .api import LinearRAG
+def add_parser(sub) -> None:
+    d = sub.add_parser("demo", help="index the bundled sample corpus and show the passages found for its multi-hop questions",
+                       description="Index a few hundred bundled 2WikiMultiHopQA passages (cached after the first run) "
+                                   "and show, for each bundled question, the passages found and the entities that bridged them.")
+    d.add_argument("--top-k", type=int, default=3, help="passages shown per question (default %(default)s)")
+    d.add_argument("--questions", type=int, default=5, help="how many bundled questions to answer (default %(default)s)")
+    d.add_argument("--cache", default=None, help="where to keep the demo index (default: ~/.cache/linearrag_torch)")
+    device_arg(d)
+
+
+def run(args) -> int:
+    from ..api import LinearRAG
+    from ..data import sample_corpus_path, sample_questions as demo_questions  # looked up when the demo runs
+    from ..index import IndexFormatError
 
     corpus = sample_corpus_path()
     digest = hashlib.sha256(corpus.read_bytes()).hexdigest()[:12]

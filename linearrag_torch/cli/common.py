@@ -1,8 +1,11 @@
-"""What the `linearrag` command line and the sharded launcher (distributed/) share: the retrieval settings given
-as flags, the index folder check, the questions of `query` / `answer`, and how hits are printed."""
+"""What the commands, and the sharded launcher (distributed/), share: the retrieval settings given as flags, the
+index folder checks, the read-modify-write of `add` / `delete`, the questions of `query` / `answer`, and how hits and
+counts are printed."""
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 
 
@@ -13,7 +16,7 @@ def retrieval_settings(args) -> dict:
 
 def open_index_dir(index_dir: str):
     """The index folder as a Path, after checking that it holds an index (a clear error otherwise)."""
-    from .index import TriGraphIndex
+    from ..index import TriGraphIndex
 
     path = Path(index_dir)
     if not (path / "index.json").is_file():
@@ -37,9 +40,40 @@ def check_output_dir(path) -> None:
         raise ValueError(f"{path}: cannot write to {p} (permission denied)")
 
 
+def update_index(index_dir: str, device: str, change, verb: str, preposition: str) -> int:
+    """Load INDEX_DIR under its writer lock, apply change(rag), save atomically, report the sizes
+    ("<verb> N passages (+S sentences, +E entities) <preposition> INDEX_DIR: now ...")."""
+    from ..api import LinearRAG
+    from ..index import index_lock
+
+    t0 = time.perf_counter()
+    path = open_index_dir(index_dir)
+    with index_lock(path):  # held for the whole read-modify-write
+        rag = LinearRAG.load(path, device=device)
+        before = rag.index.summary()
+        change(rag)
+        rag.save(path)
+    after = rag.index.summary()
+    growth = ", ".join(f"{'+' if d >= 0 else '-'}{count(abs(d), noun, plural)}" for d, noun, plural in (
+        (after["sentences"] - before["sentences"], "sentence", None),
+        (after["entities"] - before["entities"], "entity", "entities")))
+    n = abs(after["passages"] - before["passages"])
+    print(f"{verb} {count(n, 'passage')} ({growth}) {preposition} {index_dir}: now {sizes(after)} "
+          f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return 0
+
+
+def require_encoder_backend(backend: str) -> None:
+    """--encoder-backend onnx without the [onnx] extra: one line naming it, before the index loads."""
+    if backend == "onnx":
+        from ..extras import require
+
+        require("onnx", "onnxruntime", "onnx", what="--encoder-backend onnx")
+
+
 def question_items(args) -> list[dict]:
     """The questions of `query` / `answer`: the QUESTION arguments, then those of --questions FILE.jsonl."""
-    from .corpus import read_questions
+    from ..corpus import read_questions
 
     items = [{"id": i, "question": q} for i, q in enumerate(args.question)]
     if args.questions:

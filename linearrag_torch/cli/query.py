@@ -1,0 +1,74 @@
+"""`linearrag query INDEX_DIR QUESTION ...`: rank the passages of an index for questions."""
+from __future__ import annotations
+
+from ..config import ENCODER_BACKENDS
+from .common import order_note, print_hits, question_items, require_encoder_backend
+from .flags import add_retrieval_flags, device_arg, positive_int, retrieval_config
+
+
+def _query_speed_args(p):
+    p.add_argument("--quantize", choices=("bfloat16", "int8", "int8-all"), default=None,
+                   help="the question encoder in reduced precision: bfloat16 (bf16 autocast where the device has "
+                        "native bf16: ~2.4x faster on a CPU with AMX; a question's scores then depend on its batch "
+                        "by ~1e-4), int8 or int8-all (int8 Linear layers, CPU only; vectors within cosine ~0.99 "
+                        "resp. ~0.98 of the exact ones). Default: exact float32 whatever the index was encoded in")
+    p.add_argument("--encoder-backend", choices=ENCODER_BACKENDS, default="torch",
+                   help="where the question encoder runs: torch, or onnx (float32 on ONNX Runtime, CPU only, extra "
+                        "[onnx]: the same vectors to float noise, its encoder stage ~1.2-1.3x faster; exported "
+                        "once into ~/.cache/linearrag_torch/onnx) (default torch)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch threads (default: $LINEARRAG_THREADS, else one per core; use 1 on cores shared "
+                        "with other busy processes)")
+
+
+def add_parser(sub) -> None:
+    q = sub.add_parser("query", help="retrieve: rank the passages of an index for questions",
+                       description="Rank passages for each question (arguments, or --questions FILE.jsonl).")
+    q.add_argument("index_dir", metavar="INDEX_DIR")
+    q.add_argument("question", nargs="*", help="question text(s)")
+    q.add_argument("--questions", metavar="FILE.jsonl", help='JSON lines with "question" and optional "id"')
+    q.add_argument("--top-k", type=positive_int, default=None, help="passages per question (default: the index's, 5)")
+    q.add_argument("--json", action="store_true", help="one JSON object per question per line")
+    q.add_argument("--backend", choices=("torch", "scipy"), default="torch", help="torch engine or the scipy reference")
+    q.add_argument("--batch-size", type=positive_int, default=256, help="questions per batched call (default %(default)s)")
+    _query_speed_args(q)
+    q.add_argument("--ner-processes", type=int, default=0, metavar="N",
+                   help="spaCy NER of each batch of 16 or more questions split over N worker processes and this one "
+                        "(~340 MB and ~2 s to start each; pays with cores to spare) (default 0: NER here alone)")
+    q.add_argument("--shards", type=positive_int, default=None, metavar="N",
+                   help="split the index over N local processes (torch.distributed: gloo on CPU, NCCL on GPUs) "
+                        "and answer as one; prints what one process prints (docs/scale-out.md: across machines with torchrun)")
+    device_arg(q)
+    add_retrieval_flags(q, stored=True)
+
+
+def run(args) -> int:
+    from ..api import LinearRAG
+
+    items = question_items(args)
+    require_encoder_backend(args.encoder_backend)
+    if args.ner_processes < 0:
+        raise SystemExit(f"linearrag query: error: --ner-processes must be >= 0, got {args.ner_processes}")
+    if args.shards:
+        if args.ner_processes:
+            raise SystemExit("linearrag query: error: --ner-processes does not apply with --shards")
+        from ..distributed.launch import cmd_query_sharded
+
+        return cmd_query_sharded(args, items)
+    from ..runtime.threads import set_threads
+
+    set_threads(args.threads)
+    rag = LinearRAG.load(args.index_dir, device=args.device, quantize=args.quantize,
+                         encoder_backend=args.encoder_backend)
+    rag.config = retrieval_config(args, rag.config)
+    if args.ner_processes and len(items) >= 16:  # smaller batches would not use them
+        rag.start_ner_processes(args.ner_processes)
+    results = []
+    try:
+        for start in range(0, len(items), args.batch_size):
+            chunk = items[start:start + args.batch_size]
+            results += rag.search([it["question"] for it in chunk], top_k=args.top_k, backend=args.backend)
+    finally:
+        rag.close()
+    print_hits(items, results, args.json, order_note(rag.config.replace(top_k=args.top_k)))
+    return 0
