@@ -7,8 +7,6 @@
 """
 from __future__ import annotations
 
-import torch
-
 from . import models
 from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig
 from .corpus import Hit, check_question, read_passages
@@ -16,27 +14,10 @@ from .env import resolve_device
 from .index import TriGraphIndex
 from .queries import EncodedQueries, Retrieved
 from .retrieval import engine, scipy_backend
+from .retrieval.explain import explanations
 
 BACKENDS = ("torch", "scipy")
 QUESTION_ENCODERS = (None, "bfloat16", "int8", "int8-all")  # LinearRAG(quantize=...)
-
-
-def _rerank_rows(rr, b: int, index, n: int) -> list[dict]:
-    """explain's per-hit rerank detail of question ``b`` (its first ``n`` hits that were reranked)."""
-    cols = [t[b].tolist() for t in (rr.indices, rr.scores, rr.logits, rr.graph_scores, rr.graph_ranks)]
-    return [{"id": index.passage_ids[i], "fused_score": s, "reranker_logit": lg, "graph_score": g, "graph_rank": r + 1}
-            for i, s, lg, g, r in list(zip(*cols))[:n] if i >= 0]
-
-
-def _round_rows(rounds: list, b: int, hits: list) -> list[dict]:
-    """explain's per-hit origin for question ``b``: the first graph round that listed the hit (1 = the question's
-    own round), and its rank (1-based) and score there (after that round's loop rerank, if any)."""
-    first: dict = {}
-    for r, out in enumerate(rounds, 1):
-        for rank, (i, s) in enumerate(zip(out.indices[b].tolist(), out.scores[b].tolist()), 1):
-            if i >= 0 and i not in first:
-                first[i] = {"round": r, "round_rank": rank, "round_score": s}
-    return [{"id": h.id, **first.get(h.row, {"round": None, "round_rank": None, "round_score": None})} for h in hits]
 
 
 class LinearRAG:
@@ -705,33 +686,7 @@ class LinearRAG:
         cfg = self.config.replace(top_k=top_k, **overrides)
         enc = self.encode_queries(list(questions), cfg)
         out, tr = engine.retrieve(self.graph, enc, cfg, trace=True)
-        hits = self.hits(out)
-        tier = tr.activation.tier.cpu()
-        act = tr.activation.act.cpu()
-        seeds = tr.seeds.cpu()
         C = self.index.C
-        owner = enc.entity_owner.cpu().tolist()
-        names = self.index.entities
-        result = []
-        for b, q in enumerate(questions):
-            passage_ents = {h.row: set(C.col[C.crow[h.row]:C.crow[h.row + 1]].tolist()) for h in hits[b]}
-            active = torch.nonzero(tier[:, b] > 0).flatten().tolist()
-            result.append({
-                "question": q,
-                "dense_fallback": bool(tr.dense[b]),
-                "question_entities": [t for t, o in zip(enc.entity_text, owner) if o == b],
-                "seeds": [(names[e], float(seeds[e, b])) for e in torch.nonzero(tr.is_seed[:, b].cpu()).flatten().tolist()],
-                # the later rounds' extra seeds (chain.py; [] with one round)
-                "chain_seeds": tr.chain_seeds[b] if getattr(tr, "chain_seeds", None) is not None else [],
-                # (i, j): the first two hits were ranked i and j before the pair rerank (pairs.py)
-                "pair_ranks": tr.pair_ranks[b] if getattr(tr, "pair_ranks", None) is not None else None,
-                # with rerank: per reranked hit its fused score, the reranker's logit, the graph's score and rank
-                "rerank": _rerank_rows(tr.rerank, b, self.index, len(hits[b])) if tr.rerank is not None else None,
-                # per hit: the graph round that found it, and its rank and score in that round's own list
-                "found": _round_rows(tr.rounds, b, hits[b]) if tr.rounds else None,
-                "hits": [
-                    (h, [(names[e], int(tier[e, b]), float(act[e, b])) for e in active if e in passage_ents[h.row]])
-                    for h in hits[b]
-                ],
-            })
-        return result
+        return explanations(list(questions), enc, self.hits(out), tr, self.index.entities,
+                            lambda row: set(C.col[C.crow[row]:C.crow[row + 1]].tolist()),
+                            lambda row: self.index.passage_ids[row])

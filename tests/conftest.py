@@ -228,3 +228,36 @@ def tiny_reranker_dir(tiny_base, tmp_path_factory):
     save_model(model.eval(), tok, RerankerSettings(max_length=64, question_tokens=24, w_model=3.0, w_rank=-0.3,
                                                    w_score=0.2), folder, half=False)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_chain_reranker_dir(tiny_base, tmp_path_factory):
+    """As tiny_reranker_dir, chain-aware (context_tokens 12)."""
+    import torch
+
+    from linearrag_torch.rerank import RerankerSettings
+    from linearrag_torch.models.reranker import base_cross_encoder, save_model
+
+    model, tok = base_cross_encoder(tiny_base, seed=6)
+    torch.nn.init.normal_(model.head.weight, std=1.0)
+    folder = tmp_path_factory.mktemp("tiny_chain_reranker") / "model"
+    save_model(model.eval(), tok, RerankerSettings(max_length=64, question_tokens=20, context_tokens=12, w_model=3.0,
+                                                   w_rank=-0.3, w_score=0.2), folder, half=False)
+    return folder
+
+
+def assert_close(got, want, where: str = "", rel: float = 1e-5, abs_: float = 1e-6) -> None:
+    """``got`` equals ``want`` (nested dicts, lists, tuples, named tuples, strings, numbers) but for floats,
+    which agree within ``rel`` / ``abs_`` (a sharded result against one process's: summation order)."""
+    if isinstance(want, float) or isinstance(got, float):
+        assert got == pytest.approx(want, rel=rel, abs=abs_), f"{where}: {got} != {want}"
+    elif isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), f"{where}: keys {sorted(got)} != {sorted(want)}"
+        for k in want:
+            assert_close(got[k], want[k], f"{where}.{k}", rel, abs_)
+    elif isinstance(want, (list, tuple)):
+        assert isinstance(got, (list, tuple)) and len(got) == len(want), f"{where}: {got} != {want}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_close(g, w, f"{where}[{i}]", rel, abs_)
+    else:
+        assert got == want, f"{where}: {got!r} != {want!r}"

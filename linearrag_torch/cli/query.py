@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..config import ENCODER_BACKENDS
-from .common import order_note, print_hits, question_items, require_encoder_backend
+from .common import order_note, print_explanations, print_hits, question_items, require_encoder_backend
 from .flags import add_retrieval_flags, device_arg, positive_int, retrieval_config
 
 
@@ -29,6 +29,8 @@ def add_parser(sub) -> None:
     q.add_argument("--questions", metavar="FILE.jsonl", help='JSON lines with "question" and optional "id"')
     q.add_argument("--top-k", type=positive_int, default=None, help="passages per question (default: the index's, 5)")
     q.add_argument("--json", action="store_true", help="one JSON object per question per line")
+    q.add_argument("--explain", action="store_true", help="print per question, as one JSON line, how its hits were "
+                   "reached (LinearRAG.explain: entities, seeds, chain seeds, pair and rerank detail) (torch engine)")
     q.add_argument("--backend", choices=("torch", "scipy"), default="torch", help="torch engine or the scipy reference")
     q.add_argument("--batch-size", type=positive_int, default=256, help="questions per batched call (default %(default)s)")
     _query_speed_args(q)
@@ -66,9 +68,13 @@ def run(args) -> int:
     results = []
     try:
         for start in range(0, len(items), args.batch_size):
-            chunk = items[start:start + args.batch_size]
-            results += rag.search([it["question"] for it in chunk], top_k=args.top_k, backend=args.backend)
+            qs = [it["question"] for it in items[start:start + args.batch_size]]
+            results += rag.explain(qs, top_k=args.top_k) if args.explain else \
+                rag.search(qs, top_k=args.top_k, backend=args.backend)
     finally:
         rag.close()
+    if args.explain:
+        print_explanations(items, results)
+        return 0
     print_hits(items, results, args.json, order_note(rag.config.replace(top_k=args.top_k)))
     return 0

@@ -21,6 +21,18 @@ float summation order, ~1e-7). docs/METHOD.md, "Sharded retrieval", derives each
                       per entity; the seed vectors come from the entities' owners (all-reduce)
     pair rerank       all-reduce of the top pair_candidates passages' vectors [B, N, D] (zeros where not
                       held); all-gather of the (question, slot, entity) links of the candidates each rank holds
+    learned rerank    each rank scores, in one batched pass, the (question, candidate) pairs of the candidates
+      (and in the     it holds; all-reduce of the logits [B, K] (zeros where not held), then every rank fuses and
+      chain rounds)   orders the same. A chain-aware reranker's context passages (each question's top two
+                      candidates): all-reduce of the distinct ones' tokens [U, Lp + 1] first
+    explain           the trace is the same on every rank (the state is replicated); all-gather of the hits'
+                      passages with their entity ids
+
+The math is written once: the stage list (retrieval/stages.py) runs on a ShardedEngine as on the torch engine,
+and the activation (activation.propagate_reference_pairs, propagate_paper / kernels.propagate_step) and the
+reranker (rerank.Reranker.rerank) take where the rows live as an argument: the whole index in one process
+(every exchange the identity: activation.WholeIndex, rerank.PassageTokens), a shard's here (_ShardRows,
+_ShardPassageTokens over Comm). adjacent_passages alone is refused (its edges link passages across ranks).
 
 Use: ``Shard.build(index, rank, world)`` then ``ShardedEngine(shard, Comm()).retrieve(queries, cfg)``
 inside an initialised process group (``Comm(False)`` for one process without torch.distributed).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import env
 from ..cli import parser
-from ..cli.common import order_note, print_hits, question_items, retrieval_settings
+from ..cli.common import order_note, print_explanations, print_hits, question_items, retrieval_settings
 from .launch import init_group, query_config, query_job, stored_config
 
 
@@ -22,12 +22,14 @@ def main(argv=None) -> int:
     try:
         hits = query_job(comm, args.index_dir, [it["question"] for it in items], retrieval_settings(args), args.top_k,
                          args.batch_size, args.reference_code, args.threads, args.device, args.quantize,
-                         args.encoder_backend)
+                         args.encoder_backend, args.explain)
     finally:
         import torch.distributed as td
 
         td.destroy_process_group()
-    if rank == 0:
+    if rank == 0 and args.explain:
+        print_explanations(items, hits)
+    elif rank == 0:
         cfg = query_config(stored_config(args.index_dir), retrieval_settings(args), args.top_k, args.reference_code)
         print_hits(items, hits, args.json, order_note(cfg))
     return 0

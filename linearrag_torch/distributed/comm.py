@@ -61,6 +61,20 @@ class Comm:
         out = self.all_gather(pad)
         return torch.cat([out[r, :int(n[r])] for r in range(self.world)])
 
+    def merge_topk(self, vals: torch.Tensor, ids: torch.Tensor):
+        """The best k of every rank's best k per row: ``vals``, ``ids`` [n, k] float64 (each row best first, ties
+        to the lower id; -inf and inf where a rank has fewer) -> the same [n, k] over every rank's rows: values
+        descending, ties to the lower id. The identity in one process (its rows are in that order already)."""
+        if self.world == 1:
+            return vals, ids
+        n, k = vals.shape
+        both = self.all_gather(torch.stack([vals, ids]))  # [world, 2, n, k]
+        v = both[:, 0].permute(1, 0, 2).reshape(n, -1)
+        i = both[:, 1].permute(1, 0, 2).reshape(n, -1)
+        o = torch.argsort(i, dim=1, stable=True)
+        o = o.gather(1, torch.argsort(-v.gather(1, o), dim=1, stable=True))[:, :k]
+        return v.gather(1, o), i.gather(1, o)
+
     def all_gather_object(self, obj) -> list:
         if self.world == 1:
             return [obj]

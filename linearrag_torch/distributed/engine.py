@@ -10,9 +10,11 @@ import torch
 from .. import kernels
 from ..config import RetrievalConfig
 from ..queries import EncodedQueries, Retrieved
-from ..retrieval import chain, engine, pairs, stages  # engine: the single-process engine, whose math this one splits up
-from ..retrieval.activation import ActivePairs, nearest_entities
-from ..retrieval.engine import cosines
+from ..retrieval import chain, engine, pairs, rerank_stage, stages  # engine: the single-process engine, whose math this one splits up
+from ..retrieval.activation import (ActivePairs, WholeIndex, dense_seeds, nearest_entities, propagate_paper,
+                                   propagate_reference_pairs)
+from ..retrieval.engine import Trace, cosines
+from ..retrieval.explain import explanations, named_rows
 from ..retrieval.pagerank import FLOOR_RULE_BELOW
 from .comm import Comm
 from .shard import Shard
@@ -20,35 +22,35 @@ from .shard import Shard
 
 class ShardedEngine:
     """The query path of engine.retrieve on one shard; every rank calls ``retrieve`` with the same
-    queries and config and gets the same Retrieved (global passage rows)."""
+    queries and config and gets the same Retrieved (global passage rows). ``entity_names``: the whole index's
+    entity names, for a trace's chain seeds (a shard holds none; without them a trace names entity e "entity e")."""
 
-    def __init__(self, shard: Shard, comm: Comm):
+    def __init__(self, shard: Shard, comm: Comm, entity_names=None):
         if comm.world != shard.world or comm.rank != shard.rank:
             raise ValueError(f"shard {shard.rank}/{shard.world} in process group rank {comm.rank}/{comm.world}")
         self.shard = shard
         self.comm = comm
+        self._names = entity_names
         self._tables = None  # chain.ChainTables of this rank's rows (_chain_tables)
+        self._rows = _ShardRows(shard, comm)  # where the activation's rows live (activation.WholeIndex)
+        self._rerankers = {}  # (folder, precision) -> (rerank.Reranker on this device, _ShardPassageTokens)
         self.iteration_log: list | None = None  # set to [] to record (bytes, compute s, comm s) per PPR iteration
 
     # --------------------------------------------------------------------------------------------- entry
     @engine.in_inference_mode
-    def retrieve(self, queries: EncodedQueries, cfg: RetrievalConfig) -> Retrieved:
-        """Top-k passages for a batch (see engine.retrieve; trace is not offered; under inference mode, as
-        there). ``queries.entity_rows``, when given, must be rows of the index this shard was built from."""
+    def retrieve(self, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool = False):
+        """Top-k passages for a batch (see engine.retrieve; under inference mode, as there): Retrieved, and with
+        ``trace`` (Retrieved, engine.Trace) with every field but the host-read counts and the PageRank's steps.
+        ``queries.entity_rows``, when given, must be rows of the index this shard was built from."""
         if cfg.adjacent_passages:
             raise ValueError("adjacent_passages is not supported by the sharded engine (it links passages "
                              "across shard boundaries); query the index in one process")
-        if cfg.rerank:
-            raise ValueError("rerank is not supported by the sharded engine yet; query the index in one process "
-                             "(LinearRAG, `linearrag query`, `linearrag serve`)")
         queries = self._stored_vectors(queries.to(self.shard.device))
-        return stages.run(self, queries, cfg)
+        return stages.run(self, queries, cfg, trace)
 
     # ------------------------------------------------------------------- the stage list's operations (stages.Backend)
     def round(self, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool):
-        if trace:
-            raise ValueError("the sharded engine keeps no trace")
-        return self._one_round(queries, cfg), None
+        return self._one_round(queries, cfg, trace)
 
     def chain_seeds(self, queries, ranking: Retrieved, source: torch.Tensor, cfg) -> chain.ChainSeeds:
         return self._chain_seeds(queries, ranking, source, cfg)
@@ -60,16 +62,35 @@ class ShardedEngine:
         return self._pairs(queries, ranking, cfg)
 
     def learned_rerank(self, queries, ranking, cfg, candidates):
-        raise ValueError("rerank is not supported by the sharded engine yet; query the index in one process "
-                         "(LinearRAG, `linearrag query`, `linearrag serve`)")
+        """rerank_stage.apply with this rank's passages: each rank scores the pairs of the candidates it holds
+        (_ShardPassageTokens), every rank fuses and orders the same logits."""
+        reranker, tokens = self._reranker(cfg)
+        return rerank_stage.apply(reranker, tokens, queries, ranking, candidates)
+
+    def reranker(self, cfg: RetrievalConfig):
+        """The learned reranker that ``cfg`` names, loaded once on this rank's device (rank 0 also tokenises the
+        questions with it: encode_questions)."""
+        return self._reranker(cfg)[0]
+
+    def _reranker(self, cfg: RetrievalConfig):
+        key = (cfg.reranker, cfg.reranker_precision)
+        if key not in self._rerankers:
+            from .. import models
+            from ..index.graph import passage_text
+
+            sh = self.shard
+            r = models.load_reranker(cfg.reranker or None, sh.device, cfg.reranker_precision)
+            tokens = r.tokenize_passages([passage_text(t, x) for t, x in zip(sh.titles, sh.texts)])
+            self._rerankers[key] = (r, _ShardPassageTokens(tokens, sh, self.comm))
+        return self._rerankers[key]
 
     @property
     def num_entities(self) -> int:
         return self.shard.num_entities
 
     @property
-    def entity_names(self) -> list:
-        raise ValueError("the sharded engine keeps no trace")
+    def entity_names(self):
+        return _Unnamed() if self._names is None else self._names
 
     def _pairs(self, queries: EncodedQueries, out: Retrieved, cfg: RetrievalConfig) -> Retrieved:
         """pairs.rerank: the candidates' vectors from their ranks (all-reduce of [B, N, D], zeros elsewhere) and
@@ -145,142 +166,30 @@ class ShardedEngine:
         return keys, vals.scatter_reduce_(0, inv, best, "amax")
 
     # ---------------------------------------------------------------------------------------- activation
-    def activate(self, queries: EncodedQueries, cfg: RetrievalConfig) -> ActivePairs:
+    def activate(self, queries: EncodedQueries, cfg: RetrievalConfig):
+        """engine.activate_pairs on the shards: (seed keys, seed values, ActivePairs), the same on every rank."""
         keys, vals = self.seed_pairs(queries)
-        E, B = self.shard.num_entities, queries.batch_size
+        vals = vals.float()
+        sh, B = self.shard, queries.batch_size
         if not cfg.use_activation:
-            return ActivePairs.from_keys(keys, vals, torch.ones_like(keys), vals, (E, B))
+            return keys, vals, ActivePairs.from_keys(keys, vals, torch.ones_like(keys), vals, (sh.num_entities, B))
         self.comm.phase = "activation"
-        if cfg.mode == "paper":
-            return self._propagate_paper(keys, vals, queries, cfg)
-        return self._propagate_reference(keys, vals, queries, cfg)
-
-    def _propagate_reference(self, keys, seed_vals, queries, cfg) -> ActivePairs:
-        """activation.propagate_reference_pairs with the sentences spread over the ranks."""
-        sh, B, comm = self.shard, queries.batch_size, self.comm
-        dev = sh.device
-        MT = sh.matrix("MT")
-        MT_crow, MT_col = MT.crow_indices().to(torch.int64), MT.col_indices().to(torch.int64)
-        M_crow, M_col = sh.M.crow, sh.M.col
-        sigma = (sh.sentence_emb, queries.query_emb)
-        score, weight = seed_vals.clone(), seed_vals.clone()
-        tier = torch.ones(keys.numel(), dtype=torch.int64, device=dev)
-        e_idx, b_idx, f = keys // B, keys % B, seed_vals
-        used = torch.empty(0, dtype=torch.int64, device=dev)  # local sentence * B + b, owned sentences only
-        steps = 0
-        k = cfg.top_k_sentence
-        for t in range(1, cfg.max_iterations):
-            keep = f >= cfg.delta
-            e_idx, b_idx, f = e_idx[keep], b_idx[keep], f[keep]
-            if e_idx.numel() == 0:
-                break
-            steps = t
-            n = e_idx.numel()
-            # this rank's best unused owned sentences of each frontier pair (entities it does not hold: none)
-            loc = sh.local_entity(e_idx)
-            has = torch.nonzero(loc >= 0).flatten()
-            sig = torch.full((n, k), float("-inf"), dtype=torch.float64, device=dev)
-            gid = torch.full((n, k), float("inf"), dtype=torch.float64, device=dev)
-            if has.numel():
-                picks = kernels.segment_topk_sigma(MT_crow, MT_col, loc[has], b_idx[has], sigma, used, B, k)
-                ok = picks >= 0
-                pr, _ = torch.nonzero(ok, as_tuple=True)
-                s_loc = picks[ok]
-                v = kernels.gather_sigma(sigma, s_loc, b_idx[has][pr])
-                sub_sig = torch.full((has.numel(), k), float("-inf"), dtype=torch.float64, device=dev)
-                sub_gid = torch.full((has.numel(), k), float("inf"), dtype=torch.float64, device=dev)
-                sub_sig[ok], sub_gid[ok] = v.double(), sh.sentences[s_loc].double()
-                sig[has], gid[has] = sub_sig, sub_gid
-            allp = comm.all_gather(torch.stack([sig, gid]))  # [world, 2, n, k]
-            sig_all = allp[:, 0].permute(1, 0, 2).reshape(n, -1)
-            gid_all = allp[:, 1].permute(1, 0, 2).reshape(n, -1)
-            # the global top k: sigma descending, ties to the lower sentence
-            o = torch.argsort(gid_all, dim=1, stable=True)
-            o = o.gather(1, torch.argsort(-sig_all.gather(1, o), dim=1, stable=True))[:, :k]
-            top_sig, top_gid = sig_all.gather(1, o), gid_all.gather(1, o)
-            ok = top_sig > float("-inf")
-            pair, _ = torch.nonzero(ok, as_tuple=True)  # (pair, rank) in pair order, best first
-            cs_g = top_gid[ok].to(torch.int64)
-            cb = b_idx[pair]
-            cs_l = sh.local_sentence(cs_g)
-            mine = cs_l >= 0
-            mine[mine.clone()] = sh.owned_sentence[cs_l[mine]]
-            m = torch.nonzero(mine).flatten()
-            used = torch.unique(torch.cat([used, cs_l[m] * B + cb[m]]))
-            base = f[pair[m]] * top_sig[ok][m].to(f.dtype)  # score(e) * sigma[s] (sigma as the owner computed it)
-            owner2, pos2, _ = kernels.segment_positions(M_crow, cs_l[m])
-            cand = base[owner2]
-            okc = cand >= cfg.delta
-            flat_l = sh.entities[M_col[pos2][okc]] * B + cb[m][owner2][okc]
-            cand_l = cand[okc]
-            flat = comm.all_gather_rows(flat_l)
-            cand = comm.all_gather_rows(cand_l)
-            flat, inv = torch.unique(flat, sorted=True, return_inverse=True)
-            new = torch.full((flat.numel(),), float("-inf"), dtype=score.dtype, device=dev).scatter_reduce_(0, inv, cand, "amax")
-            added = torch.zeros(flat.numel(), dtype=weight.dtype, device=dev).index_add_(0, inv, cand)
-            merged, where = torch.unique(torch.cat([keys, flat]), sorted=True, return_inverse=True)
-            old_at, new_at = where[:keys.numel()], where[keys.numel():]
-            score = score.new_zeros(merged.numel()).index_copy_(0, old_at, score).index_copy_(0, new_at, new)
-            weight = weight.new_zeros(merged.numel()).index_copy_(0, old_at, weight).index_add_(0, new_at, added)
-            tier = tier.new_zeros(merged.numel()).index_copy_(0, old_at, tier).index_fill_(0, new_at, t + 1)
-            keys = merged
-            e_idx, b_idx, f = flat // B, flat % B, new
-        return ActivePairs.from_keys(keys, score, tier, weight, (sh.num_entities, B), steps)
-
-    def _propagate_paper(self, keys, seed_vals, queries, cfg) -> ActivePairs:
-        """activation.propagate_paper (kernels.propagate_step) with the sentences spread over the ranks:
-        the dense [E, B] state is replicated, y = Mᵀ(sigma ⊙ M a) is summed over the ranks' owned sentences."""
-        sh, B, comm = self.shard, queries.batch_size, self.comm
-        E, dev = sh.num_entities, sh.device
-        sigma = (sh.sentence_emb, queries.query_emb)
-        a = torch.zeros(E * B, dtype=seed_vals.dtype, device=dev).index_copy_(0, keys, seed_vals).view(E, B)
-        tier = torch.zeros(E * B, dtype=torch.int64, device=dev).index_fill_(0, keys, 1).view(E, B)
-        MT = sh.matrix("MT")
-        MT_crow, MT_col, MT_val = MT.crow_indices().to(torch.int64), MT.col_indices().to(torch.int64), MT.values()
-        live = torch.ones(B, dtype=torch.bool, device=dev)
-        steps = 0
-        for t in range(1, cfg.max_iterations):
-            # kernels.propagate_step: x = M (a ⊙ [a >= delta]) on owned sentences, y = Mᵀ (sigma ⊙ x)
-            a_new = a.clamp(min=0)
-            e, b = ((a >= cfg.delta) & (a != 0)).nonzero(as_tuple=True)
-            flat_l = torch.zeros(0, dtype=torch.int64, device=dev)
-            y_l = torch.zeros(0, dtype=a.dtype, device=dev)
-            if e.numel():
-                loc = sh.local_entity(e)
-                h = loc >= 0
-                e_l, b_l, av = loc[h], b[h], a[e[h], b[h]]
-                owner, pos, _ = kernels.segment_positions(MT_crow, e_l)
-                key = MT_col[pos] * B + b_l[owner]
-                key, inv = torch.unique(key, sorted=True, return_inverse=True)
-                x = torch.zeros(key.numel(), dtype=a.dtype, device=dev).index_add_(0, inv, MT_val[pos] * av[owner])
-                s, sb = key // B, key % B
-                z = x * kernels.gather_sigma(sigma, s, sb)
-                owner2, pos2, _ = kernels.segment_positions(sh.M.crow, s)
-                flat_l = sh.entities[sh.M.col[pos2]] * B + sb[owner2]
-                y_l = sh.M.val[pos2].to(a.dtype) * z[owner2]
-            flat = comm.all_gather_rows(flat_l)
-            yv = comm.all_gather_rows(y_l)
-            if flat.numel():
-                flat, inv2 = torch.unique(flat, sorted=True, return_inverse=True)
-                y = torch.zeros(flat.numel(), dtype=a.dtype, device=dev).index_add_(0, inv2, yv)
-                y = y * (y >= cfg.delta)
-                a_new.view(-1)[flat] = torch.maximum(y, a.reshape(-1)[flat])
-            newly = (a_new >= cfg.delta) & (tier == 0)
-            live = live & newly.any(dim=0)
-            if not bool(live.any()):
-                break
-            steps = t
-            a = torch.where(live, a_new, a)
-            tier = torch.where(newly & live, t + 1, tier)
-        flat = torch.nonzero(tier.reshape(-1) > 0).flatten()
-        return ActivePairs.from_keys(flat, a.reshape(-1)[flat], tier.reshape(-1)[flat], a.reshape(-1)[flat], (E, B), steps)
+        MT, sigma = sh.matrix("MT"), (sh.sentence_emb, queries.query_emb)  # MT: the sentences this rank owns
+        if cfg.mode == "paper":  # the dense [E, B] state on every rank, y summed over the ranks' sentences
+            seeds, is_seed = dense_seeds(keys, vals, sh.num_entities, B)
+            return keys, vals, ActivePairs.from_activation(
+                propagate_paper(sh.matrix("M"), MT, sigma, seeds, is_seed, cfg, self._rows))
+        return keys, vals, propagate_reference_pairs(
+            sh.M.crow, sh.M.col, MT.crow_indices().to(torch.int64), MT.col_indices().to(torch.int64), sigma, keys,
+            vals, B, cfg, self._rows)
 
     # ---------------------------------------------------------------------------------------- one round
-    def _one_round(self, queries: EncodedQueries, cfg: RetrievalConfig) -> Retrieved:
+    def _one_round(self, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool = False):
+        """One graph round (engine._retrieve_chunk): (Retrieved, its Trace with ``trace``, else None)."""
         sh = self.shard
         B, dev = queries.batch_size, sh.device
         sim = cosines(sh.passage_emb, queries.query_emb)  # [P_r, B]
-        act = self.activate(queries, cfg)
+        seed_keys, seed_vals, act = self.activate(queries, cfg)
         use_graph = torch.zeros(B, dtype=torch.bool, device=dev)
         use_graph[act.col] = True
         g = torch.nonzero(use_graph).flatten()
@@ -299,7 +208,10 @@ class ShardedEngine:
             use_graph[g] = valid
             scores = sim.clone()
             scores[:, g[valid]] = ppr_p[:, valid]
-        return self._topk(scores, min(cfg.top_k, sh.num_passages))
+        out = self._topk(scores, min(cfg.top_k, sh.num_passages))
+        if not trace:
+            return out, None
+        return out, Trace(*dense_seeds(seed_keys, seed_vals, sh.num_entities, B), act.dense(), ~use_graph)
 
     def _passage_reset(self, sim, act: ActivePairs, bg, cfg) -> torch.Tensor:
         """Eq. 7 (pagerank.passage_reset_entries) with the min-max normalisation over every rank's passages."""
@@ -418,12 +330,8 @@ class ShardedEngine:
         pad_v = torch.full((B, k), float("-inf"), dtype=torch.float64, device=scores.device)
         pad_i[:, :kl], pad_v[:, :kl] = (idx + sh.lo).double(), vals.double()
         self.comm.phase = "topk"
-        allk = self.comm.all_gather(torch.stack([pad_v, pad_i]))  # [world, 2, B, k]
-        v = allk[:, 0].permute(1, 0, 2).reshape(B, -1)
-        i = allk[:, 1].permute(1, 0, 2).reshape(B, -1)
-        o = torch.argsort(i, dim=1, stable=True)
-        o = o.gather(1, torch.argsort(-v.gather(1, o), dim=1, stable=True))[:, :k]
-        return Retrieved(i.gather(1, o).to(torch.int64), v.gather(1, o).to(scores.dtype))
+        v, i = self.comm.merge_topk(pad_v, pad_i)
+        return Retrieved(i.to(torch.int64), v.to(scores.dtype))
 
     # -------------------------------------------------------------------------------------- chain rounds
     @property
@@ -476,11 +384,16 @@ class ShardedEngine:
                               list(queries.entity_text) + [f"entity {i}" for i in e.tolist()], rows, None)
 
     # ------------------------------------------------------------------------------------------- results
-    def passages(self, rows) -> dict:
-        """{global row: (id, title, text)} for the given rows, gathered from the ranks holding them."""
+    def passages(self, rows, entities: bool = False) -> dict:
+        """{global row: (id, title, text)} for the given rows, gathered from the ranks holding them; with
+        ``entities``, (id, title, text, the set of global entity ids the passage contains: C's row)."""
         sh = self.shard
         mine = {p: (sh.passage_ids[p - sh.lo], sh.titles[p - sh.lo], sh.texts[p - sh.lo])
                 for p in {int(r) for r in rows} if sh.lo <= p < sh.hi}
+        if entities:  # the walk's columns of a passage are its entities (Shard.build: every C entry is one)
+            tp, walk = self.shard.to_passages.to("cpu"), self.shard.walk_entities.cpu()
+            mine = {p: (*v, set(walk[tp.col[tp.crow[p - sh.lo]:tp.crow[p - sh.lo + 1]]].tolist()))
+                    for p, v in mine.items()}
         out = {}
         for part in self.comm.all_gather_object(mine):
             out.update(part)
@@ -494,6 +407,117 @@ class ShardedEngine:
         info = self.passages([i for row in idx for i in row if i >= 0])
         return [[Hit(info[i][0], float(s), info[i][1], info[i][2], i) for i, s in zip(row, srow) if i >= 0]
                 for row, srow in zip(idx, scores)]
+
+
+    def explain(self, questions: list, queries: EncodedQueries, cfg: RetrievalConfig):
+        """LinearRAG.explain's answer (retrieval/explain.py) for a batch on the shards; every rank calls it (it
+        gathers the hits' passages): the explanations where this engine has the entity names (``entity_names``:
+        rank 0 of query_job), None elsewhere."""
+        out, tr = self.retrieve(queries, cfg, trace=True)
+        hits = self.hits(out)
+        info = self.passages(named_rows(tr, hits), entities=True)
+        if self._names is None:
+            return None
+        return explanations(questions, queries, hits, tr, self._names, lambda row: info[row][3],
+                            lambda row: info[row][0])
+
+
+class _ShardRows(WholeIndex):
+    """Where activation.propagate_reference_pairs' rows live on a shard: each sentence is owned by one rank;
+    a step's sentences are the global top ``top_k_sentence`` of every rank's own (a gather of top-k), of which
+    a rank takes those it owns; candidates go out with global entity ids and are gathered from every rank."""
+
+    def __init__(self, shard: Shard, comm: Comm):
+        self.shard, self.comm = shard, comm
+
+    @property
+    def num_entities(self) -> int:
+        return self.shard.num_entities
+
+    def take(self, MT_crow, MT_col, e_idx, b_idx, sigma, used, B: int, k: int):
+        sh = self.shard
+        dev = sh.device
+        n = e_idx.numel()
+        # this rank's best unused owned sentences of each frontier pair (entities it does not hold: none)
+        loc = sh.local_entity(e_idx)
+        has = torch.nonzero(loc >= 0).flatten()
+        sig = torch.full((n, k), float("-inf"), dtype=torch.float64, device=dev)
+        gid = torch.full((n, k), float("inf"), dtype=torch.float64, device=dev)
+        if has.numel():
+            picks = kernels.segment_topk_sigma(MT_crow, MT_col, loc[has], b_idx[has], sigma, used, B, k)
+            ok = picks >= 0
+            pr, _ = torch.nonzero(ok, as_tuple=True)
+            s_loc = picks[ok]
+            sub_sig = torch.full((has.numel(), k), float("-inf"), dtype=torch.float64, device=dev)
+            sub_gid = torch.full((has.numel(), k), float("inf"), dtype=torch.float64, device=dev)
+            sub_sig[ok] = kernels.gather_sigma(sigma, s_loc, b_idx[has][pr]).double()
+            sub_gid[ok] = sh.sentences[s_loc].double()
+            sig[has], gid[has] = sub_sig, sub_gid
+        top_sig, top_gid = self.comm.merge_topk(sig, gid)  # sigma descending, ties to the lower sentence
+        ok = top_sig > float("-inf")
+        pair, _ = torch.nonzero(ok, as_tuple=True)  # (pair, rank) in pair order, best first
+        cs = sh.local_sentence(top_gid[ok].to(torch.int64))
+        mine = cs >= 0
+        mine[mine.clone()] = sh.owned_sentence[cs[mine]]
+        m = torch.nonzero(mine).flatten()
+        # sigma as the owner computed it
+        return pair[m], cs[m], b_idx[pair[m]], top_sig[ok][m].to(torch.float32)
+
+    def held(self, e: torch.Tensor, b: torch.Tensor, av: torch.Tensor):
+        """kernels.propagate_step's active entries (entity, question, a) of the entities this rank holds, with
+        local entity rows."""
+        loc = self.shard.local_entity(e)
+        h = loc >= 0
+        return loc[h], b[h], av[h]
+
+    def global_entities(self, e: torch.Tensor) -> torch.Tensor:
+        return self.shard.entities[e]
+
+    def gather_rows(self, x: torch.Tensor) -> torch.Tensor:
+        return self.comm.all_gather_rows(x)
+
+
+class _ShardPassageTokens:
+    """A shard's passages tokenised for a reranker (``tokens``: rerank.PassageTokens of its rows lo .. hi - 1), for
+    Reranker.rerank (PassageTokens.score_pairs): each rank scores, in one batched pass, the (question, candidate)
+    pairs of the candidates it holds, and the logits are summed over the ranks (an all-reduce, zeros where not
+    held). A chain-aware reranker's context passages (a question's top two candidates, chain_context) may lie
+    on other ranks: the tokens of the distinct ones come by an all-reduce too (zeros where not held)."""
+
+    def __init__(self, tokens, shard: Shard, comm: Comm):
+        self.tokens, self.shard, self.comm = tokens, shard, comm
+
+    def score_pairs(self, reranker, q, q_of_pair: torch.Tensor, rows: torch.Tensor,
+                    context: torch.Tensor | None) -> torch.Tensor:
+        from ..rerank.scoring import PassageTokens
+
+        sh, comm = self.shard, self.comm
+        ids, lengths = self.tokens.ids, self.tokens.lengths
+        i = torch.nonzero((rows >= sh.lo) & (rows < sh.hi)).flatten()  # the pairs scored here
+        table_ids, table_len = [ids.index_select(0, rows[i] - sh.lo)], [lengths.index_select(0, rows[i] - sh.lo)]
+        ctx = None
+        comm.phase = "rerank"
+        if context is not None:  # the distinct context rows (the same on every rank), after the pairs' rows
+            u = torch.unique(context)
+            mine = (u >= sh.lo) & (u < sh.hi)
+            loc = torch.where(mine, u - sh.lo, torch.zeros_like(u))
+            both = torch.cat([ids.index_select(0, loc), lengths.index_select(0, loc)[:, None]], 1) * mine[:, None]
+            comm.all_reduce(both)  # [U, Lp + 1]
+            table_ids.append(both[:, :-1])
+            table_len.append(both[:, -1])
+            c = context[i]
+            ctx = torch.where(c >= 0, i.numel() + torch.searchsorted(u, c), torch.full_like(c, -1))
+        table = PassageTokens(torch.cat(table_ids), torch.cat(table_len))
+        out = torch.zeros(rows.numel(), dtype=torch.float32, device=rows.device)
+        out[i] = reranker.pair_logits(q, table, q_of_pair[i], torch.arange(i.numel(), device=rows.device), ctx)
+        return comm.all_reduce(out)
+
+
+class _Unnamed:
+    """Entity names where the shard holds none: entity e is "entity e"."""
+
+    def __getitem__(self, e: int) -> str:
+        return f"entity {e}"
 
 
 class _ChainView:
@@ -532,8 +556,9 @@ class _ZeroRows:
 
 
 def encode_questions(qindex: QuestionIndex, questions: list, cfg: RetrievalConfig, nlp=None, encoder=None,
-                     device="cpu") -> EncodedQueries:
-    """LinearRAG.encode_queries for a sharded index (rank 0 runs it and broadcasts the result)."""
+                     device="cpu", reranker=None) -> EncodedQueries:
+    """LinearRAG.encode_queries for a sharded index (rank 0 runs it and broadcasts the result); with cfg.rerank
+    the questions' reranker tokens too (``reranker``: the rerank.Reranker, default: the one cfg names)."""
     from .. import models
     from ..corpus import check_question
     from ..retrieval.pipeline import QuestionPipeline
@@ -543,4 +568,8 @@ def encode_questions(qindex: QuestionIndex, questions: list, cfg: RetrievalConfi
     pipe = QuestionPipeline(qindex, nlp or models.load_nlp(qindex.index_config),
                             encoder or models.load_encoder(qindex.index_config, device))
     enc = pipe.encode(questions, pipe.entities(questions, cfg.lexicon_seeds, None, cfg.question_ner), True)
-    return EncodedQueries(enc.query_emb, enc.entity_emb, enc.entity_owner, enc.entity_text, enc.entity_rows, None)
+    out = EncodedQueries(enc.query_emb, enc.entity_emb, enc.entity_owner, enc.entity_text, enc.entity_rows, None)
+    if cfg.rerank:
+        reranker = reranker or models.load_reranker(cfg.reranker or None, device, cfg.reranker_precision)
+        out.rerank_tokens = reranker.question_tokens(list(questions))
+    return out

@@ -10,7 +10,7 @@ import time
 import torch
 
 from .. import env
-from ..cli.common import open_index_dir, order_note, print_hits, retrieval_settings
+from ..cli.common import open_index_dir, order_note, print_explanations, print_hits, retrieval_settings
 from ..config import RetrievalConfig
 from ..queries import EncodedQueries, Retrieved
 from .comm import Comm
@@ -125,11 +125,11 @@ def stored_config(index_dir) -> RetrievalConfig:
 
 def query_job(comm: Comm, index_dir: str, questions: list, overrides: dict, top_k=None, batch_size: int = 256,
               reference_code: bool = False, threads: int | None = None, device: str = "auto",
-              quantize: str | None = None, encoder_backend: str = "torch"):
+              quantize: str | None = None, encoder_backend: str = "torch", explain: bool = False):
     """One rank of `linearrag query --shards N` (or of a torchrun job): load INDEX_DIR, keep this rank's
     shard (the rest is freed), answer the questions (rank 0 encodes them, with ``quantize`` and
     ``encoder_backend`` as LinearRAG takes them, and broadcasts the vectors) and return the hits (api.Hit
-    lists) on rank 0, None elsewhere."""
+    lists), with ``explain`` LinearRAG.explain's dicts, on rank 0, None elsewhere."""
     import gc
 
     from ..index import TriGraphIndex
@@ -143,7 +143,7 @@ def query_job(comm: Comm, index_dir: str, questions: list, overrides: dict, top_
     qindex = QuestionIndex(index) if comm.rank == 0 else None
     del index
     gc.collect()
-    engine = ShardedEngine(shard, comm)
+    engine = ShardedEngine(shard, comm, qindex.entities if comm.rank == 0 else None)
     encoder = None
     if comm.rank == 0:
         from ..models import load_question_encoder
@@ -152,28 +152,37 @@ def query_job(comm: Comm, index_dir: str, questions: list, overrides: dict, top_
     results = []
     for start in range(0, len(questions), batch_size):
         chunk = questions[start:start + batch_size]
-        enc = encode_questions(qindex, chunk, cfg, encoder=encoder, device=dev) if comm.rank == 0 else None
+        enc = encode_questions(qindex, chunk, cfg, encoder=encoder, device=dev,
+                               reranker=engine.reranker(cfg) if cfg.rerank else None) if comm.rank == 0 else None
         enc = comm.broadcast_object(None if enc is None else enc.to("cpu"))
-        results += engine.hits(engine.retrieve(enc, cfg))
+        if explain:
+            results += engine.explain(chunk, enc, cfg) or []
+        else:
+            results += engine.hits(engine.retrieve(enc, cfg))
     return results if comm.rank == 0 else None
 
 
 def cmd_query_sharded(args, items: list) -> int:
-    """`linearrag query INDEX_DIR ... --shards N`: N local processes, rank 0 prints (cli/common.py print_hits)."""
+    """`linearrag query INDEX_DIR ... --shards N`: N local processes, rank 0 prints (cli/common.py print_hits, with
+    --explain print_explanations)."""
     if args.backend != "torch":
         raise ValueError("--shards runs the torch engine; --backend scipy answers in one process")
     open_index_dir(args.index_dir)  # a clear error now for a folder that holds no index
     device = env.shards_device(args.device, args.shards)
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.shards)
     try:
-        hits = run_local(args.shards, query_job,
+        results = run_local(args.shards, query_job,
                          (str(args.index_dir), [it["question"] for it in items], retrieval_settings(args), args.top_k,
-                          args.batch_size, args.reference_code, threads, device, args.quantize, args.encoder_backend),
+                          args.batch_size, args.reference_code, threads, device, args.quantize, args.encoder_backend,
+                          args.explain),
                          device=device, timeout_s=float(env.SHARD_TIMEOUT.get()))[0]
     except RuntimeError as exc:
         raise ValueError(str(exc).splitlines()[0]) from None
+    if args.explain:
+        print_explanations(items, results)
+        return 0
     cfg = query_config(stored_config(args.index_dir), retrieval_settings(args), args.top_k, args.reference_code)
-    print_hits(items, hits, args.json, order_note(cfg))
+    print_hits(items, results, args.json, order_note(cfg))
     return 0
 
 
@@ -181,7 +190,7 @@ def retrieve_job(comm: Comm, index, queries: EncodedQueries, configs: list, devi
     """One rank: shard ``index`` (the whole TriGraphIndex, pickled to every rank) and retrieve ``queries``
     under each config; returns the Retrieved list (CPU tensors; every rank gets the same)."""
     shard = Shard.build(index, comm.rank, comm.world, env.device_for(comm.rank, device))
-    engine = ShardedEngine(shard, comm)
+    engine = ShardedEngine(shard, comm, index.entities)
     out = []
     for cfg in configs:
         r = engine.retrieve(queries, cfg)

@@ -13,7 +13,7 @@ import torch
 from .segment_topk import gather_sigma, segment_positions
 
 
-def propagate_step(M: torch.Tensor, MT: torch.Tensor, a: torch.Tensor, sigma, delta: float) -> torch.Tensor:
+def propagate_step(M: torch.Tensor, MT: torch.Tensor, a: torch.Tensor, sigma, delta: float, where=None) -> torch.Tensor:
     """One step of eq. 5 with pruning, for a [E, B] (M [S, E] and MT = Mᵀ [E, S] torch CSR):
 
         x  = M (a ⊙ [a >= delta])            [S, B]
@@ -33,6 +33,11 @@ def propagate_step(M: torch.Tensor, MT: torch.Tensor, a: torch.Tensor, sigma, de
         (sentence, question) pairs reached only (see ``gather_sigma``).
     delta : float
         The activation threshold.
+    where : optional
+        None for a whole index. On a shard of the sharded engine (distributed/engine.py), where its rows live: M
+        and MT are then the shard's (sentence rows it owns, local entity columns), ``where.held(e, b, av)`` keeps
+        the active entries of the entities it holds as local rows, ``where.global_entities`` maps local entity
+        columns to global ids and ``where.gather_rows`` gathers every rank's part of y before it is summed.
 
     Returns
     -------
@@ -57,6 +62,8 @@ def propagate_step(M: torch.Tensor, MT: torch.Tensor, a: torch.Tensor, sigma, de
     if e.numel() == 0:
         return a_new
     av = a[e, b]
+    if where is not None:
+        e, b, av = where.held(e, b, av)
     # x = M (a ⊙ [a >= delta]) on the sentences of the active entities: rows e of Mᵀ
     owner, pos, _ = segment_positions(MT.crow_indices(), e)
     key = MT.col_indices()[pos].to(torch.int64) * B + b[owner]
@@ -66,9 +73,15 @@ def propagate_step(M: torch.Tensor, MT: torch.Tensor, a: torch.Tensor, sigma, de
     z = x * gather_sigma(sigma, s, sb)
     # y = Mᵀ z on the entities of those sentences: rows s of M
     owner2, pos2, _ = segment_positions(M.crow_indices(), s)
-    flat = M.col_indices()[pos2].to(torch.int64) * B + sb[owner2]
+    flat = M.col_indices()[pos2].to(torch.int64)
+    parts = M.values()[pos2] * z[owner2]
+    if where is not None:
+        flat = where.global_entities(flat)
+    flat = flat * B + sb[owner2]
+    if where is not None:
+        flat, parts = where.gather_rows(flat), where.gather_rows(parts)
     flat, inv2 = torch.unique(flat, sorted=True, return_inverse=True)
-    y = torch.zeros(flat.numel(), dtype=a.dtype, device=a.device).index_add_(0, inv2, M.values()[pos2] * z[owner2])
+    y = torch.zeros(flat.numel(), dtype=a.dtype, device=a.device).index_add_(0, inv2, parts)
     y = y * (y >= delta)
     a_new.view(-1)[flat] = torch.maximum(y, a.reshape(-1)[flat])
     return a_new

@@ -26,6 +26,13 @@ class PassageTokens:
     ids: torch.Tensor  # [P, Lp] int64, 0-padded
     lengths: torch.Tensor  # [P] int64
 
+    def score_pairs(self, reranker: "Reranker", q: "QuestionTokens", q_of_pair: torch.Tensor, rows: torch.Tensor,
+                    context: torch.Tensor | None) -> torch.Tensor:
+        """Reranker.pair_logits of the pairs (question q_of_pair[i], passage rows[i], context row context[i]):
+        every passage is held here, so every pair is scored here. (A shard of the sharded engine holds only its
+        passages: distributed/engine.py's scores there the pairs it holds and sums the logits over the ranks.)"""
+        return reranker.pair_logits(q, self, q_of_pair, rows, context)
+
 
 class QuestionTokens(NamedTuple):
     """The questions' token ids with [CLS] and [SEP] (cut to RerankerSettings.question_tokens)."""
@@ -214,14 +221,15 @@ class Reranker:
 
     def rerank(self, q: QuestionTokens, p: PassageTokens, indices: torch.Tensor, scores: torch.Tensor) -> Reranked:
         """Reorder each question's candidates (``indices``/``scores`` [B, K], the graph's order) by the fused
-        score. A candidate row of -1 (no passage) stays last."""
+        score. A candidate row of -1 (no passage) stays last. ``p``: the passages' tokens (PassageTokens, or a
+        shard's, which scores the pairs it holds: PassageTokens.score_pairs)."""
         B, K = indices.shape
         q = q.to(self.device)
         indices, scores = indices.to(self.device), scores.to(self.device, torch.float32)
         q_of_pair = torch.arange(B, device=self.device).repeat_interleave(K)
         missing = indices < 0
         ctx = chain_context(indices).reshape(-1) if self.settings.context_tokens else None
-        logits = self.pair_logits(q, p, q_of_pair, indices.clamp(min=0).reshape(-1), ctx).view(B, K)
+        logits = p.score_pairs(self, q, q_of_pair, indices.clamp(min=0).reshape(-1), ctx).view(B, K)
         fused = fuse(self.settings, logits, scores).masked_fill(missing, float("-inf"))
         order = torch.sort(fused, dim=1, descending=True, stable=True).indices
         ranks = torch.arange(K, device=self.device).expand(B, K)

@@ -151,18 +151,20 @@ def dense_seeds(keys: torch.Tensor, vals: torch.Tensor, E: int, batch: int):
     return seeds.view(E, batch), is_seed.view(E, batch)
 
 
-def propagate_paper(M, MT, sigma, seeds, is_seed, cfg: RetrievalConfig) -> Activation:
+def propagate_paper(M, MT, sigma, seeds, is_seed, cfg: RetrievalConfig, where=None) -> Activation:
     """Eq. 5 with dynamic pruning: a_t = max(Mᵀ(sigma ⊙ M(a ⊙ [a >= delta])) pruned at delta, a_{t-1}).
 
     M [S, E] and MT [E, S] are sparse CSR; each step is kernels.propagate_step (on the touched entries
     only). A question stops (keeps a_{t-1}) at the first step that activates no new entity.
+    ``where``: None for a whole index; a shard's rows (kernels.propagate_step) in the sharded engine, whose
+    dense [E, B] state is the same on every rank.
     """
     a = seeds.clone()
     tier = is_seed.to(torch.int64)
     live = torch.ones(a.shape[1], dtype=torch.bool, device=a.device)
     steps = 0
     for t in range(1, cfg.max_iterations):
-        a_new = kernels.propagate_step(M, MT, a, sigma, cfg.delta)
+        a_new = kernels.propagate_step(M, MT, a, sigma, cfg.delta, where)
         newly = (a_new >= cfg.delta) & (tier == 0)
         live = live & newly.any(dim=0)
         if not bool(live.any()):
@@ -207,8 +209,38 @@ class ActivePairs(ColumnEntries):
                                      tuple(a.tier.shape), a.steps)
 
 
+class WholeIndex:
+    """Where propagate_reference_pairs' rows live, for one process holding the whole index: a step's sentences
+    are all here, entity rows are global ids, and nothing is exchanged (every collective is the identity).
+    The sharded engine passes its shard's instead (distributed/engine.py): there a rank takes the sentences it
+    owns from the global top ``top_k_sentence`` of every rank's (a gather of top-k), maps its local entity rows
+    to global ids and gathers the candidates of every rank."""
+
+    num_entities: int | None = None  # E of the result; None: MT's row count
+
+    def take(self, MT_crow, MT_col, e_idx, b_idx, sigma, used, B: int, k: int):
+        """The sentences a step takes here: (pair, sentence, question, sigma) per taken (frontier pair, sentence),
+        in pair order, best first: each frontier pair's ``k`` unused sentences of largest sigma
+        (kernels.segment_topk_sigma)."""
+        picks = kernels.segment_topk_sigma(MT_crow, MT_col, e_idx, b_idx, sigma, used, B, k)
+        pair, _ = torch.nonzero(picks >= 0, as_tuple=True)  # (pair, rank) in pair order, best first
+        cs = picks[picks >= 0]
+        cb = b_idx[pair]
+        return pair, cs, cb, kernels.gather_sigma(sigma, cs, cb)
+
+    def global_entities(self, e: torch.Tensor) -> torch.Tensor:
+        return e
+
+    def gather_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank's rows, concatenated in rank order."""
+        return x
+
+
+WHOLE_INDEX = WholeIndex()
+
+
 def propagate_reference_pairs(M_crow, M_col, MT_crow, MT_col, sigma, seed_keys: torch.Tensor, seed_vals: torch.Tensor,
-                              B: int, cfg: RetrievalConfig) -> ActivePairs:
+                              B: int, cfg: RetrievalConfig, where: WholeIndex = WHOLE_INDEX) -> ActivePairs:
     """The reference code's breadth-first activation, for a batch, in the order-free form of METHOD.md.
 
     Each frontier entity (score >= delta) takes its top_k_sentence unused sentences by sigma
@@ -216,13 +248,15 @@ def propagate_reference_pairs(M_crow, M_col, MT_crow, MT_col, sigma, seed_keys: 
     candidates >= delta add to its accumulated weight and re-activate it (score = largest candidate,
     tier = t + 1). The state lives on the active pairs only (seed_keys = e * B + b sorted, as from
     seed_pairs): the frontier, the used sentences and the scores are index lists, no [E, B] / [S, B] tensor.
-    E (the result's shape) is MT's row count.
+    E (the result's shape) is MT's row count (where.num_entities when set). ``where``: where the rows live
+    (WholeIndex; a shard's in the sharded engine, whose state, keyed by global entity ids, is the same on every
+    rank).
     """
     device = seed_vals.device
     keys, score, weight = seed_keys, seed_vals.clone(), seed_vals.clone()
     tier = torch.ones(keys.numel(), dtype=torch.int64, device=device)
     e_idx, b_idx, f = keys // B, keys % B, seed_vals  # the frontier, sorted by (e, b)
-    used = torch.empty(0, dtype=torch.int64, device=device)  # sorted keys s * B + b
+    used = torch.empty(0, dtype=torch.int64, device=device)  # sorted keys s * B + b (a shard: the sentences it owns)
     steps = 0
     for t in range(1, cfg.max_iterations):
         keep = f >= cfg.delta
@@ -230,27 +264,25 @@ def propagate_reference_pairs(M_crow, M_col, MT_crow, MT_col, sigma, seed_keys: 
         if e_idx.numel() == 0:
             break
         steps = t
-        picks = kernels.segment_topk_sigma(MT_crow, MT_col, e_idx, b_idx, sigma, used, B, cfg.top_k_sentence)
-        pair, _ = torch.nonzero(picks >= 0, as_tuple=True)  # (pair, rank) in pair order, best first
-        cs = picks[picks >= 0]
-        cb = b_idx[pair]
+        pair, cs, cb, sig = where.take(MT_crow, MT_col, e_idx, b_idx, sigma, used, B, cfg.top_k_sentence)
         used = torch.unique(torch.cat([used, cs * B + cb]))
-        base = f[pair] * kernels.gather_sigma(sigma, cs, cb)  # score(e) * sigma[s] for each taken (e, s)
+        base = f[pair] * sig  # score(e) * sigma[s] for each taken (e, s)
         # every entity of each taken sentence receives the candidate
         owner2, pos2, _ = kernels.segment_positions(M_crow, cs)
         cand = base[owner2]
         ok = cand >= cfg.delta
-        flat = M_col[pos2][ok].to(torch.int64) * B + cb[owner2][ok]
-        cand = cand[ok]
+        flat = where.global_entities(M_col[pos2][ok].to(torch.int64)) * B + cb[owner2][ok]
+        flat, cand = where.gather_rows(flat), where.gather_rows(cand[ok])
         flat, inv = torch.unique(flat, sorted=True, return_inverse=True)
         new = torch.full((flat.numel(),), float("-inf"), dtype=score.dtype, device=device).scatter_reduce_(0, inv, cand, "amax")
         added = torch.zeros(flat.numel(), dtype=weight.dtype, device=device).index_add_(0, inv, cand)
         # merge the triggered pairs into the state: score = the new largest candidate, weight += the sum
-        merged, where = torch.unique(torch.cat([keys, flat]), sorted=True, return_inverse=True)
-        old_at, new_at = where[:keys.numel()], where[keys.numel():]
+        merged, where_at = torch.unique(torch.cat([keys, flat]), sorted=True, return_inverse=True)
+        old_at, new_at = where_at[:keys.numel()], where_at[keys.numel():]
         score = score.new_zeros(merged.numel()).index_copy_(0, old_at, score).index_copy_(0, new_at, new)
         weight = weight.new_zeros(merged.numel()).index_copy_(0, old_at, weight).index_add_(0, new_at, added)
         tier = tier.new_zeros(merged.numel()).index_copy_(0, old_at, tier).index_fill_(0, new_at, t + 1)
         keys = merged
         e_idx, b_idx, f = flat // B, flat % B, new
-    return ActivePairs.from_keys(keys, score, tier, weight, (MT_crow.numel() - 1, B), steps)
+    E = MT_crow.numel() - 1 if where.num_entities is None else where.num_entities
+    return ActivePairs.from_keys(keys, score, tier, weight, (E, B), steps)

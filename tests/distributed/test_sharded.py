@@ -1,12 +1,16 @@
 """The sharded engine (linearrag_torch/distributed/) against the single-process engine: 2 and 3 gloo
 processes on 127.0.0.1 give the same top-k and scores within 1e-5, on a synthetic index with sentences
 shared by passages on different ranks and sentences of no passage, and on the small real index (default
-settings with the chain round, the reference code's settings, paper mode, the ablations)."""
+settings with the chain round, the reference code's settings, paper mode, the ablations, the learned rerank
+with and without the reranker in the chain rounds, plain and chain-aware), and the same explanations.
+test_sharded_in_process.py checks the same in one process (ranks as threads), fast."""
 import dataclasses
+import json
 
 import pytest
 import torch
 
+from conftest import assert_close
 from linearrag_torch.retrieval import engine
 from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.distributed import Comm, Shard, ShardedEngine, passage_bounds, retrieve_job, run_local
@@ -52,27 +56,52 @@ def _strip(queries):
     return dataclasses.replace(queries, rows_of=None)
 
 
+def rerank_configs(reranker) -> dict:
+    """The learned rerank by ``reranker`` (a folder), with the reranker in the chain rounds and without."""
+    cfg = RetrievalConfig(rerank=True, reranker=str(reranker), rerank_candidates=6)
+    return {"reranker in the loop": cfg.replace(rerank_loop_candidates=6),
+            "final rerank": cfg.replace(rerank_loop_candidates=0)}
+
+
 @pytest.fixture(scope="module")
-def cases(small_rag, small_questions):
+def cases(small_rag, small_questions, tiny_reranker_dir, tiny_chain_reranker_dir):
     syn = synthetic_index()
     syn_q = random_queries(syn, batch=8, seed=2)
-    real_q = small_rag.encode_queries([q["question"] for q in small_questions])
+    qs = [q["question"] for q in small_questions]
+    real_q = small_rag.encode_queries(qs)
     assert real_q.entity_rows is not None and bool((real_q.entity_rows >= 0).any())  # the stored-vector path
-    return {
+    out = {
         "synthetic": (syn, syn_q, SYNTHETIC_CONFIGS),
         "real": (small_rag.index, real_q, REAL_CONFIGS),
     }
+    for name, folder in (("rerank", tiny_reranker_dir), ("chain-aware rerank", tiny_chain_reranker_dir)):
+        cfgs = rerank_configs(folder)  # the questions carry this reranker's tokens
+        out[name] = (small_rag.index, small_rag.encode_queries(qs, next(iter(cfgs.values()))), cfgs)
+    return out
 
 
-def _job(comm, cases):
+def _job(comm, cases, explain):
     torch.set_num_threads(1)
-    return {name: retrieve_job(comm, idx, q, list(cfgs.values())) for name, (idx, q, cfgs) in cases.items()}
+    out = {name: retrieve_job(comm, idx, q, list(cfgs.values())) for name, (idx, q, cfgs) in cases.items()}
+    index, questions, queries, cfg = explain
+    out["explain"] = ShardedEngine(Shard.build(index, comm.rank, comm.world), comm,
+                                   index.entities if comm.rank == 0 else None).explain(questions, queries, cfg)
+    return out
+
+
+@pytest.fixture(scope="module")
+def explain_case(small_rag, small_questions, tiny_chain_reranker_dir):
+    """(index, questions, their encoding, settings) of the explain check: every field of an explanation in use."""
+    qs = [q["question"] for q in small_questions]
+    cfg = small_rag.config.replace(top_k=5, rerank=True, reranker=str(tiny_chain_reranker_dir), rerank_loop_candidates=6)
+    return small_rag.index, qs, small_rag.encode_queries(qs, cfg), cfg
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2 processes", "3 processes"])
-def sharded_results(request, cases):
+def sharded_results(request, cases, explain_case):
     shipped = {name: (idx, _strip(q), cfgs) for name, (idx, q, cfgs) in cases.items()}
-    return request.param, run_local(request.param, _job, (shipped,), timeout_s=TIMEOUT_S)
+    index, qs, enc, cfg = explain_case
+    return request.param, run_local(request.param, _job, (shipped, (index, qs, _strip(enc), cfg)), timeout_s=TIMEOUT_S)
 
 
 _GRAPHS = {}
@@ -84,7 +113,7 @@ def _single(index, queries, cfg):
     return engine.retrieve(_GRAPHS[id(index)][1], queries, cfg)
 
 
-@pytest.mark.parametrize("case", ["synthetic", "real"])
+@pytest.mark.parametrize("case", ["synthetic", "real", "rerank", "chain-aware rerank"])
 def test_sharded_equals_single_process(sharded_results, cases, case):
     world, per_rank = sharded_results
     idx, q, cfgs = cases[case]
@@ -95,6 +124,14 @@ def test_sharded_equals_single_process(sharded_results, cases, case):
             assert torch.equal(got.indices, want.indices), f"{case}, {name}, rank {rank}/{world}: top-k differs"
             diff = (got.scores - want.scores).abs().max().item()
             assert diff <= 1e-5, f"{case}, {name}, rank {rank}/{world}: max score difference {diff}"
+
+
+def test_sharded_explain_equals_single_process(sharded_results, explain_case, small_rag):
+    world, per_rank = sharded_results
+    _, qs, _, cfg = explain_case
+    want = small_rag.explain(qs, top_k=5, rerank=True, reranker=cfg.reranker, rerank_loop_candidates=6)
+    assert_close(per_rank[0]["explain"], want, f"explain on {world} ranks")
+    assert all(per_rank[r]["explain"] is None for r in range(1, world))
 
 
 def test_synthetic_case_exercises_the_graph(cases):
@@ -174,6 +211,35 @@ def test_cli_shards_prints_what_one_process_prints(small_index_dir, small_questi
     two = capsys.readouterr().out
     hits = [line for line in one.splitlines() if not line.lstrip().startswith("(order:")]  # cli/common.py order_note
     assert len(hits) == 3 * 6 and two == one
+
+
+def test_cli_shards_rerank_prints_what_one_process_prints(small_index_dir, small_questions, capsys):
+    """`--rerank` with the shipped (chain-aware) reranker, in the chain rounds and on the final list."""
+    from linearrag_torch.cli import main
+
+    qs = [q["question"] for q in small_questions]
+    assert main(["query", str(small_index_dir), *qs, "--threads", "1"]) == 0
+    plain = capsys.readouterr().out
+    assert main(["query", str(small_index_dir), *qs, "--rerank", "--threads", "1"]) == 0
+    one = capsys.readouterr().out
+    assert main(["query", str(small_index_dir), *qs, "--rerank", "--shards", "2"]) == 0
+    two = capsys.readouterr().out
+    assert len(one.splitlines()) == len(qs) * 6 and two == one
+    assert one != plain  # the reranker reordered something
+
+
+def test_cli_shards_explain_prints_what_one_process_prints(small_index_dir, small_questions, tiny_chain_reranker_dir,
+                                                           capsys):
+    from linearrag_torch.cli import main
+
+    qs = [q["question"] for q in small_questions]
+    args = ["query", str(small_index_dir), *qs, "--explain", "--rerank", "--reranker", str(tiny_chain_reranker_dir)]
+    assert main([*args, "--threads", "1"]) == 0
+    one = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert main([*args, "--shards", "2"]) == 0
+    two = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["id"] for e in one] == list(range(len(qs))) and all(len(e["hits"]) == 5 and e["rerank"] for e in one)
+    assert_close(two, one, "explain")
 
 
 def test_cli_shards_errors(small_index_dir, tmp_path, capsys):

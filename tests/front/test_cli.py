@@ -17,7 +17,7 @@ from linearrag_torch import LinearRAG, models
 from linearrag_torch.cli import main
 from linearrag_torch.config import IndexConfig
 
-from conftest import assert_pair_moved, demo_corpus, demo_questions, write_jsonl
+from conftest import assert_close, assert_pair_moved, demo_corpus, demo_questions, write_jsonl
 
 TINY_IDS = (469, 467, 368, 369, 1, 33, 98, 557, 561, 715)  # gold passages of demo questions 0, 17 and 7
 Q_THUNDER, Q_BORN_FIRST = demo_questions()[0], demo_questions()[17]
@@ -169,6 +169,25 @@ def test_query_json_prints_one_object_per_question(tiny_index, tiny_passages, ca
         assert len({h["id"] for h in res["hits"]}) == 5
         # the top hit is a gold supporting passage of the demo question
         assert res["hits"][0]["id"] in {f"d{s}" for s in q["supporting_ids"]}
+
+
+def test_query_explain_prints_what_explain_returns(small_index_dir, small_rag, small_questions, capsys):
+    """--explain: per question one JSON line holding LinearRAG.explain's dict, each hit as id, score, title and
+    the activated entities it contains; its hits are the query's (the sharded run: tests/distributed)."""
+    qs = [q["question"] for q in small_questions]
+    rc, out, err = run(capsys, "query", small_index_dir, *qs, "--explain", "--device", "cpu")
+    assert rc == 0, err
+    got = [json.loads(line) for line in out.splitlines()]
+    want = small_rag.explain(qs)
+    assert [e["id"] for e in got] == list(range(len(qs)))
+    for g, w in zip(got, want):
+        hits = [{"id": h.id, "score": h.score, "title": h.title, "entities": [list(e) for e in ents]}
+                for h, ents in w["hits"]]
+        assert_close(g, {"id": g["id"], **json.loads(json.dumps({**w, "hits": hits}))}, g["question"])
+    assert any(h["entities"] for e in got for h in e["hits"]) and any(e["chain_seeds"] for e in got)
+    plain = query_json(capsys, small_index_dir, *qs)
+    for g, p in zip(got, plain):
+        assert_same_hits(g["hits"], p["hits"])
 
 
 def test_query_top_k(tiny_index, capsys):

@@ -236,17 +236,6 @@ def test_engine_rerank_equals_the_order_computed_by_hand(small_rag, small_questi
         assert [(h.row, h.score) for h in hits[6:]] == [(h.row, h.score) for h in p[6:]]  # the tail is the graph's
 
 
-@pytest.fixture(scope="session")
-def tiny_chain_reranker_dir(tiny_base, tmp_path_factory):
-    """As tiny_reranker_dir, chain-aware (context_tokens 12)."""
-    model, tok = base_cross_encoder(tiny_base, seed=6)
-    torch.nn.init.normal_(model.head.weight, std=1.0)
-    folder = tmp_path_factory.mktemp("tiny_chain_reranker") / "model"
-    save_model(model.eval(), tok, RerankerSettings(max_length=64, question_tokens=20, context_tokens=12, w_model=3.0,
-                                                   w_rank=-0.3, w_score=0.2), folder, half=False)
-    return folder
-
-
 def test_chain_aware_rerank_reads_the_top_passage_as_context(small_rag, small_questions, tiny_chain_reranker_dir):
     """The engine's chain-aware order equals one computed from text: each candidate's context is the graph's top
     passage (the second for the top one itself), scored by Reranker.predict with contexts, fused, sorted."""
