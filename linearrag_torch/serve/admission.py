@@ -21,11 +21,14 @@ with rerank. The pace is measured per unit (the batcher reports each batch's wor
 units inside, and the units of the requests admitted and not answered are bounded by a budget (``max_work``),
 shared by two classes: a request costing more than HEAVY_COST units is heavy. Each class has its share of the
 budget (``heavy_share`` for the heavy ones, the rest for the light ones; a request larger than its class's share
-counts as the whole share) and may borrow the other's while no request of the other class has been refused
-within its own share in the last CROWD_WINDOW_S seconds. So the budget is used whatever the mix (heavy requests
-alone fill it, as light ones alone do), a class that wants its share back stops the other's borrowing at once
-and has it as the borrowed requests are answered; the batcher then lets light requests through between the
-parts of a heavy one (serve/batcher.py).
+counts as the whole share). A loan lasts as long as the request that borrows: light requests may borrow the
+heavy share while no heavy request has been refused within it in the last CROWD_WINDOW_S seconds (they are
+answered in a fraction of a second, and the share comes back as soon as heavy requests want it), heavy ones the
+light share only while no light request has come in that time (a heavy request holds its loan for seconds:
+lent while light ones come, the light share went to the heavy requests and light ones were refused until they
+were answered, 30% of the light capacity in the heavy mix). So the budget is used whatever the mix (heavy
+requests alone fill it, as light ones alone do), and the batcher lets light requests through between the parts
+of a heavy one (serve/batcher.py).
 
 Nothing here reads a request: the front calls ``refusal`` before the body is read (serve/front.py's
 EarlyAdmission middleware), and again with the request's real cost once the body is parsed.
@@ -76,8 +79,8 @@ class Admission:
         # question is one unit)
         self.heavy_questions = 0.0  # ... of them, those of heavy requests
         self.work = {"light": 0.0, "heavy": 0.0}  # units of the requests admitted by work and not answered
-        self._wanted = {"light": float("-inf"), "heavy": float("-inf")}  # when a request of each class was last
-        # refused within its class's share (the other class borrowing it)
+        self._heavy_wanted = float("-inf")  # when a heavy request was last refused within the heavy share
+        self._light_seen = float("-inf")  # when a light request last came to the budget check
         self._batches: deque = deque(maxlen=512)  # (monotonic end, units, engine seconds)
         self._refused: deque = deque()  # [whole monotonic second, refusals by count in it], the last CROWD_WINDOW_S
 
@@ -153,11 +156,15 @@ class Admission:
         held, total = self.held(cost), self.work["light"] + self.work["heavy"]
         within_share = self.work[kind] + held <= self.share[kind] * self.max_work + 1e-9
         now = time.monotonic()
-        may_borrow = now - self._wanted["heavy" if kind == "light" else "light"] > CROWD_WINDOW_S
+        if kind == "light":
+            may_borrow = now - self._heavy_wanted > CROWD_WINDOW_S
+            self._light_seen = now
+        else:
+            may_borrow = now - self._light_seen > CROWD_WINDOW_S
         if total + held <= self.max_work + 1e-9 and (within_share or may_borrow):
             return None
-        if within_share:  # the other class borrows this one's share: it stops borrowing
-            self._wanted[kind] = now
+        if kind == "heavy" and within_share:  # the light ones borrow the heavy share: they stop borrowing
+            self._heavy_wanted = now
         excess = total + held - self.max_work
         if excess > 1e-9:
             why = f"the work budget is full ({total:.0f} + {held:.0f} of {self.max_work:.0f} units)"

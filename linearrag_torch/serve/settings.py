@@ -30,8 +30,9 @@ class ServeSettings:
                                      "and rerank count more: serve/admission.py); past it 429 (default: 4x "
                                      "--max-concurrent)", type=int)
     heavy_share: float = _f(0.25, "share of --max-work, and of the engine's work while light requests wait, "
-                                  "guaranteed to heavy requests (over 8 units), the rest to the light ones; either "
-                                  "class borrows the other's share while the other is not refused")
+                                  "guaranteed to heavy requests (over 8 units), the rest to the light ones; light "
+                                  "requests borrow the heavy share while no heavy one is refused, heavy ones the "
+                                  "light share while no light one comes")
     timeout: float = _f(30.0, "seconds a request may take before it gets 504")
     refusal_delay: float = _f(0.5, "seconds a 429 is held before it is sent (a timer: no CPU, no engine place), so "
                                     "that clients retrying at once after a refusal cannot make refusals the server's "

@@ -244,3 +244,4 @@ def test_a_server_lends_the_light_share_to_heavy_requests_until_a_light_one_is_r
         assert service.front.admission.work == {"light": 0.0, "heavy": 0.0}
         info = httpx.get(url + "/info", timeout=TIMEOUT).json()["admission"]
         assert info["max_work"] == 16 and info["work_inside"] == {"light": 0.0, "heavy": 0.0}
+
