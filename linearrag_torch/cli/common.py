@@ -130,16 +130,6 @@ def print_explanations(items: list, explanations: list) -> None:
         print(json.dumps({"id": it["id"], **ex, "hits": hits}, ensure_ascii=False))
 
 
-def print_explanations(items: list, explanations: list) -> None:
-    """What `linearrag query --explain` prints: per question one JSON line, LinearRAG.explain's dict with each
-    hit as {"id", "score", "title", "entities": [[name, tier, activation], ...]} (the activated entities the
-    passage contains)."""
-    for it, ex in zip(items, explanations):
-        hits = [{"id": h.id, "score": h.score, "title": h.title, "entities": [list(e) for e in ents]}
-                for h, ents in ex["hits"]]
-        print(json.dumps({"id": it["id"], **ex, "hits": hits}, ensure_ascii=False))
-
-
 def count(n: int, noun: str, plural: str | None = None) -> str:
     """"1 passage", "2 passages", "1 entity" (with ``plural`` "entities"): the counts the commands print."""
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
