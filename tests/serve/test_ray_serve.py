@@ -31,6 +31,8 @@ REPLICAS = 2
 MAX_CONCURRENT = 4  # requests each engine replica takes at once (Ray's max_ongoing_requests)
 MAX_QUEUED = 4  # requests waiting for a replica; one more is a 429
 RETRYABLE = {429, 503}
+ATTEMPTS = 8  # tries of a client that comes back after a retryable refusal
+MAX_RETRY_AFTER_S = 3  # ... waiting the Retry-After it was given, at most this long
 
 
 def free_port() -> int:
@@ -248,7 +250,8 @@ def test_killed_replica_is_replaced_and_no_request_is_lost(ray_url, small_questi
     before = engine_replicas()
     assert len(before) == REPLICAS
     victim = sorted(before)[0]
-    # bounded load: 24 requests of 24 questions (long engine calls: the victim is busy when it is killed)
+    # bounded load: 24 requests of 24 questions (long engine calls: the victim is busy when it is killed); heavy
+    # requests (serve/admission.py) that find the heavy share taken are refused with a Retry-After and come back
     clients, per_client, n_q = 4, 6, 24
     outcomes: list = []
     done = threading.Event()
@@ -259,13 +262,20 @@ def test_killed_replica_is_replaced_and_no_request_is_lost(ray_url, small_questi
             async def client(i):
                 for j in range(per_client):
                     body = {"questions": [qs[(i + j + k) % len(qs)] for k in range(n_q)]}
-                    try:
-                        r = await http.post(url + "/v1/search", json=body)
-                        outcomes.append(r.status_code)
+                    for attempt in range(ATTEMPTS):  # a client that honours Retry-After (bounded), as clients should
+                        try:
+                            r = await http.post(url + "/v1/search", json=body)
+                        except httpx.HTTPError as exc:
+                            outcome = type(exc).__name__
+                            break
+                        outcome = r.status_code
                         if r.status_code == 200:
                             assert len(r.json()["results"]) == n_q
-                    except httpx.HTTPError as exc:
-                        outcomes.append(type(exc).__name__)
+                        if r.status_code not in RETRYABLE or attempt == ATTEMPTS - 1:
+                            break
+                        answered["refused"] += 1
+                        await asyncio.sleep(min(MAX_RETRY_AFTER_S, int(r.headers.get("retry-after", 1))))
+                    outcomes.append(outcome)
                     answered["n"] += 1
             await asyncio.gather(*(client(i) for i in range(clients)))
 
@@ -275,11 +285,11 @@ def test_killed_replica_is_replaced_and_no_request_is_lost(ray_url, small_questi
     while answered["n"] < clients and time.monotonic() < deadline and not done.is_set():
         time.sleep(0.01)
     ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)  # mid-load: its searches in flight die
-    thread.join(clients * per_client * TIMEOUT)
+    thread.join(clients * per_client * (TIMEOUT + ATTEMPTS * MAX_RETRY_AFTER_S))
     assert done.is_set(), "the load did not finish"
     statuses = Counter(outcomes)
-    print(f"killed {victim}: {dict(statuses)}, searches retried on another replica: "
-          f"{metric(url, 'linearrag_replica_retries_total'):.0f}")
+    print(f"killed {victim}: {dict(statuses)}, refusals the clients came back after: {answered['refused']}, "
+          f"searches retried on another replica: {metric(url, 'linearrag_replica_retries_total'):.0f}")
     assert len(outcomes) == clients * per_client
     assert set(statuses) <= {200} | RETRYABLE, statuses  # nothing lost without a status the client can retry
     assert statuses[200] >= clients * per_client // 2, statuses
