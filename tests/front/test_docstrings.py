@@ -301,11 +301,14 @@ SETTINGS = ("linearrag_torch.RetrievalConfig", "linearrag_torch.IndexConfig")  #
 
 
 def members(cls) -> list[tuple[str, object]]:
-    """The public methods and properties a class defines itself, in source order."""
-    out = []
-    for name, value in vars(cls).items():
-        if name.startswith("_") or name in FRAMEWORK_HOOKS:
+    """The public methods and properties a class defines itself or takes from the package's own base classes
+    (LinearRAG's models.holder.QuestionModels), the class's first, each in source order."""
+    out, seen = [], set()
+    own = [c for c in cls.__mro__ if c.__module__.startswith("linearrag_torch")] or [cls]
+    for name, value in ((n, v) for c in own for n, v in vars(c).items()):
+        if name.startswith("_") or name in FRAMEWORK_HOOKS or name in seen:
             continue
+        seen.add(name)
         if isinstance(value, (staticmethod, classmethod)):
             value = value.__func__
         if inspect.isfunction(value) or isinstance(value, property):

@@ -1,7 +1,7 @@
 """The package's layout: no import cycle between its modules (every import statement read with ast, those at
 module level and those deferred into functions alike: a deferred import still ties the two modules together), no
-private attribute set from outside, argparse only in the command-line package (cli/), and at most ten modules
-directly in linearrag_torch/."""
+private attribute set from outside, argparse only in the command-line package (cli/), at most ten modules
+directly in linearrag_torch/, and no module over 600 lines."""
 import ast
 import re
 from pathlib import Path
@@ -177,3 +177,12 @@ def test_the_module_count_sees_only_the_top_level(tmp_path):
 def test_at_most_ten_modules_sit_directly_in_the_package():
     modules = top_level_modules()
     assert "api.py" in modules and len(modules) <= MAX_TOP_LEVEL_MODULES, modules
+
+
+MAX_MODULE_LINES = 600  # a module past this holds more than one thing
+
+
+def test_no_module_is_over_600_lines():
+    lines = {str(p.relative_to(ROOT)): len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert lines["linearrag_torch/api.py"] > 100  # the scan reads the package
+    assert {m: n for m, n in lines.items() if n > MAX_MODULE_LINES} == {}
