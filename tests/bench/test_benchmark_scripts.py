@@ -71,3 +71,19 @@ def test_setting_overrides_parse_values_and_name_a_malformed_item():
                    "flag": True} and errors == []
     setting_overrides(["lam"], "--override", errors.append)
     assert errors == ["--override expects FIELD=VALUE, got 'lam'"]
+
+
+def test_shards_agree_benchmark_compares_one_process_and_two(tmp_path, small_index_dir, small_questions):
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps({"id": i, "question": q["question"]}) + "\n"
+                                 for i, q in enumerate(small_questions)))
+    out = tmp_path / "agree.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.shards_agree", "--index", str(small_index_dir),
+                           "--questions", str(questions), "--flags=--rerank", "--explain-questions", "3",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    n = len(small_questions)
+    assert result["n_questions"] == n and result["same_top_k_in_order"] == n and result["differing"] == []
+    assert result["explain_with_shards"] == {"questions": 3, "hits_match_the_search": True}
+    assert f"{n} of {n} questions" in proc.stdout
