@@ -66,19 +66,19 @@ LLM_BASE_URL = Variable(
     "LINEARRAG_LLM_BASE_URL", None,
     "the OpenAI-compatible chat endpoint of `linearrag answer`, `rag.answer`, `linearrag serve` (POST /answer) "
     "when `--llm-base-url` / `base_url=` is not given; unset: `$OPENAI_BASE_URL`",
-    "answers/generation.py, cli/serve.py")
+    "answers/chat.py, cli/serve.py")
 LLM_MODEL = Variable(
     "LINEARRAG_LLM_MODEL", None,
     "the chat model's name when `--llm-model` / `model=` is not given",
-    "answers/generation.py")
+    "answers/chat.py")
 LLM_API_KEY = Variable(
     "LINEARRAG_LLM_API_KEY", None,
     "the chat endpoint's key when `api_key=` is not given; unset: `$OPENAI_API_KEY`, else `EMPTY`",
-    "answers/generation.py")
+    "answers/chat.py")
 LLM_CACHE = Variable(
     "LINEARRAG_LLM_CACHE", "~/.cache/linearrag_torch/llm_cache.sqlite",
     "the disk cache of chat replies (`off` or `none`: no cache) when `cache=` is not given",
-    "answers/generation.py")
+    "answers/chat.py")
 SHARD_TIMEOUT = Variable(
     "LINEARRAG_SHARD_TIMEOUT", "3600",
     "seconds `linearrag query --shards N` waits for its processes",
@@ -95,9 +95,9 @@ TEST_WRITE_STEP_PAUSE = Variable(
 
 # ----------------------------------------------------------------------------------------- other tools' variables
 OPENAI_BASE_URL = Variable("OPENAI_BASE_URL", None, "the chat endpoint when `LINEARRAG_LLM_BASE_URL` is unset",
-                           "answers/generation.py")
+                           "answers/chat.py")
 OPENAI_API_KEY = Variable("OPENAI_API_KEY", None, "the chat endpoint's key when `LINEARRAG_LLM_API_KEY` is unset",
-                          "answers/generation.py")
+                          "answers/chat.py")
 TRITON_INTERPRET = Variable(
     "TRITON_INTERPRET", None,
     "`1`: Triton's CPU interpreter; with `LINEARRAG_KERNELS=triton` the Triton kernels then run on CPU tensors "

@@ -89,7 +89,7 @@ def retrieval_config(args, base: RetrievalConfig) -> RetrievalConfig:
 # ------------------------------------------------------------------------------------ the chat model
 def add_llm_flags(p, judge: bool = False) -> None:
     """The chat-model flags shared by `linearrag answer`, `linearrag serve` and `python -m benchmarks.qa`."""
-    from ..answers.generation import DEFAULT_CACHE, ENV_API_KEY, ENV_BASE_URL, ENV_CACHE, ENV_MODEL
+    from ..answers.chat import DEFAULT_CACHE, ENV_API_KEY, ENV_BASE_URL, ENV_CACHE, ENV_MODEL
 
     g = p.add_argument_group("chat model", "any OpenAI-compatible chat-completions endpoint (needs pip install "
                                            "'linearrag_torch[gen]'); the API key is never printed")
@@ -119,7 +119,7 @@ def add_llm_flags(p, judge: bool = False) -> None:
 def llm_from_args(args, notify=None):
     """An answers.generation.LLM from the add_llm_flags flags (raises LLMError when the URL or the model is
     missing); ``notify``: LLM's (the command line prints its retry notices)."""
-    from ..answers.generation import LLM
+    from ..answers.chat import LLM
 
     cache = {"cache": None} if args.no_llm_cache else {"cache": args.llm_cache} if args.llm_cache else {}  # {}: LLM's default
     return LLM(args.llm_base_url, args.llm_model, args.llm_api_key, timeout=args.llm_timeout,

@@ -59,7 +59,7 @@ def run(args) -> int:
         _check_port(args.host, args.port)
     llm = None
     if args.llm_base_url or args.llm_model or env.LLM_BASE_URL.get():
-        from ..answers.generation import LLMError
+        from ..answers.chat import LLMError
 
         try:
             llm = llm_from_args(args)

@@ -147,7 +147,8 @@ class HTTPFront:
 
     async def answer(self, body: dict, place: Place | None = None, rid: str | None = None) -> dict:
         """/v1/answer: the /v1/search body; the questions' hits (batched as for search) go to the chat model."""
-        from ..answers.generation import LLMError, aanswer_batch
+        from ..answers.chat import LLMError
+        from ..answers.generation import aanswer_batch
 
         req = self._validate(body)
         if self.llm is None:
