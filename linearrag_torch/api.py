@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from . import models
+from .answers.generation import answer_batch
 from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig
 from .corpus import Hit, check_question, read_passages
 from .env import resolve_device
@@ -16,6 +17,8 @@ from .models.holder import QuestionModels
 from .queries import EncodedQueries, Retrieved
 from .retrieval import engine, scipy_backend
 from .retrieval.explain import explanations
+from .retrieval.pipeline import QuestionPipeline
+from .runtime.tracing import stage
 
 BACKENDS = ("torch", "scipy")
 QUESTION_ENCODERS = (None, "bfloat16", "int8", "int8-all")  # LinearRAG(quantize=...)
@@ -141,7 +144,7 @@ class LinearRAG(QuestionModels):
         >>> from linearrag_torch.data import sample_corpus_path
         >>> sample = LinearRAG.build(sample_corpus_path(), device="cpu")  # doctest: +SKIP
         """
-        from .indexing.build import build_index
+        from .indexing.build import build_index  # deferred (as add, delete): imports spaCy (~1.4 s); search does not
 
         dev = resolve_device(device)
         passages = read_passages(corpus)  # ids checked here, before any model loads
@@ -234,7 +237,7 @@ class LinearRAG(QuestionModels):
         >>> rag.add([{"id": "p4", "title": "Uppsala", "text": "Uppsala is a city in Sweden."}]).index.num_passages
         4
         """
-        from .indexing.build import add_passages
+        from .indexing.build import add_passages  # deferred: imports spaCy
 
         passages = read_passages(corpus, first_id=self.index.num_passages, existing_ids=self.index.passage_ids)
         self.replace_index(add_passages(self.index, passages, progress=progress, nlp=self.nlp,
@@ -262,7 +265,7 @@ class LinearRAG(QuestionModels):
         >>> rag.delete("p4").index.num_passages
         3
         """
-        from .indexing.build import delete_passages
+        from .indexing.build import delete_passages  # deferred: imports spaCy
 
         ids = [ids] if isinstance(ids, (int, str)) else list(ids)
         self.replace_index(delete_passages(self.index, ids))
@@ -296,8 +299,6 @@ class LinearRAG(QuestionModels):
     @property
     def pipeline(self):
         """The question path (pipeline.QuestionPipeline): NER, lexicon, encoder stages."""
-        from .retrieval.pipeline import QuestionPipeline
-
         p = self._pipeline
         if (p is None or p.index is not self.index or p.nlp is not self.nlp or p.encoder is not self.encoder
                 or p.ner_pool is not self._ner_pool):
@@ -352,8 +353,6 @@ class LinearRAG(QuestionModels):
         reuse = self.reuse_index_vectors if reuse_index_vectors is None else reuse_index_vectors
         enc = pipe.encode(questions, ents, reuse, timings)
         if cfg.rerank:  # the reranker's question tokens (host work of the question path, like NER)
-            from .runtime.tracing import stage
-
             with stage(timings, "encoder"):
                 enc.rerank_tokens = self.reranker(cfg).question_tokens(list(questions))
         return enc
@@ -493,8 +492,6 @@ class LinearRAG(QuestionModels):
         >>> rag.answer("Who directed Blue River?", llm=llm).answer  # doctest: +SKIP
         'Anna Berg'
         """
-        from .answers.generation import answer_batch
-
         out = answer_batch(self, questions, llm, top_k, **overrides)
         return out[0] if isinstance(questions, str) else out
 

@@ -13,7 +13,7 @@ from .. import __version__, env
 def commands() -> dict:
     """command -> its module, in the order `linearrag --help` lists them (imported here, not with the package:
     distributed/ imports common.py without the commands)."""
-    from . import add, answer, convert, delete, demo, index, query, serve, train_reranker
+    from . import add, answer, convert, delete, demo, index, query, serve, train_reranker  # deferred: see above
 
     return {"index": index, "add": add, "delete": delete, "convert": convert, "query": query, "serve": serve,
             "answer": answer, "demo": demo, "train-reranker": train_reranker}
@@ -34,12 +34,13 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     env.offline_by_default()
     args = parser().parse_args(argv)
+    # deferred: imported after parsing, so that --help (which exits in parse_args) loads none of them
     from ..corpus import InputError
     from ..extras import MissingExtra
     from ..retrieval.memory import keep_freed_memory
 
     keep_freed_memory()  # this process is ours: reuse freed memory instead of faulting it in again
-    from ..index import IndexFormatError
+    from ..index import IndexFormatError  # deferred (both): import torch
     from ..models.reranker import RerankerLoadError
 
     try:

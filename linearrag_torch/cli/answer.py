@@ -30,8 +30,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..api import LinearRAG
-    from ..answers.generation import LLMError, answer_batch
+    from ..api import LinearRAG  # deferred: imports torch, which `linearrag --help` must not load
+    from ..answers.generation import LLMError, answer_batch  # deferred: --help imports this module
 
     items = question_items(args)
     try:

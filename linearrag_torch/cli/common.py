@@ -16,7 +16,7 @@ def retrieval_settings(args) -> dict:
 
 def open_index_dir(index_dir: str):
     """The index folder as a Path, after checking that it holds an index (a clear error otherwise)."""
-    from ..index import TriGraphIndex
+    from ..index import TriGraphIndex  # deferred: imports torch; --help imports this module
 
     path = Path(index_dir)
     if not (path / "index.json").is_file():
@@ -43,7 +43,7 @@ def check_output_dir(path) -> None:
 def update_index(index_dir: str, device: str, change, verb: str, preposition: str) -> int:
     """Load INDEX_DIR under its writer lock, apply change(rag), save atomically, report the sizes
     ("<verb> N passages (+S sentences, +E entities) <preposition> INDEX_DIR: now ...")."""
-    from ..api import LinearRAG
+    from ..api import LinearRAG  # deferred (both): import torch; --help imports this module
     from ..index import index_lock
 
     t0 = time.perf_counter()
@@ -66,14 +66,14 @@ def update_index(index_dir: str, device: str, change, verb: str, preposition: st
 def require_encoder_backend(backend: str) -> None:
     """--encoder-backend onnx without the [onnx] extra: one line naming it, before the index loads."""
     if backend == "onnx":
-        from ..extras import require
+        from ..extras import require  # deferred: --help imports this module
 
         require("onnx", "onnxruntime", "onnx", what="--encoder-backend onnx")
 
 
 def question_items(args) -> list[dict]:
     """The questions of `query` / `answer`: the QUESTION arguments, then those of --questions FILE.jsonl."""
-    from ..corpus import read_questions
+    from ..corpus import read_questions  # deferred: --help imports this module
 
     items = [{"id": i, "question": q} for i, q in enumerate(args.question)]
     if args.questions:

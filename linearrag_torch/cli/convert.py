@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..index import TriGraphIndex, index_lock
+    from ..index import TriGraphIndex, index_lock  # deferred: imports torch, which `linearrag --help` must not load
     from ..index.storage import make_dirs
 
     t0 = time.perf_counter()

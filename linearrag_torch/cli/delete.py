@@ -32,7 +32,7 @@ def run(args) -> int:
 
 def _read_ids(path: Path) -> list:
     """Ids of an --ids-file: one per line (blank lines skipped), or JSON objects with an "id"."""
-    from ..corpus import InputError, read_input
+    from ..corpus import InputError, read_input  # deferred: --help imports this module
 
     raw = read_input(path, "a file of ids")
     ids = []

@@ -22,9 +22,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..api import LinearRAG
+    from ..api import LinearRAG  # deferred: imports torch, which `linearrag --help` must not load
     from ..data import sample_corpus_path, sample_questions as demo_questions  # looked up when the demo runs
-    from ..index import IndexFormatError
+    from ..index import IndexFormatError  # deferred: imports torch
 
     corpus = sample_corpus_path()
     digest = hashlib.sha256(corpus.read_bytes()).hexdigest()[:12]

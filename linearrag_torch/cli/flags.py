@@ -8,7 +8,9 @@ import argparse
 import dataclasses
 from dataclasses import fields
 
+from ..answers.chat import DEFAULT_CACHE, ENV_API_KEY, ENV_BASE_URL, ENV_CACHE, ENV_MODEL, LLM
 from ..config import RetrievalConfig
+from .common import retrieval_settings
 
 
 def flag_name(f: dataclasses.Field) -> str:
@@ -79,8 +81,6 @@ def add_retrieval_flags(p: argparse.ArgumentParser, stored: bool) -> None:
 
 def retrieval_config(args, base: RetrievalConfig) -> RetrievalConfig:
     """``base`` (or the reference code's settings with --reference-code) changed by the flags given."""
-    from .common import retrieval_settings
-
     if args.reference_code:
         base = RetrievalConfig.reference_code(top_k=base.top_k)
     return base.replace(**retrieval_settings(args))
@@ -89,8 +89,6 @@ def retrieval_config(args, base: RetrievalConfig) -> RetrievalConfig:
 # ------------------------------------------------------------------------------------ the chat model
 def add_llm_flags(p, judge: bool = False) -> None:
     """The chat-model flags shared by `linearrag answer`, `linearrag serve` and `python -m benchmarks.qa`."""
-    from ..answers.chat import DEFAULT_CACHE, ENV_API_KEY, ENV_BASE_URL, ENV_CACHE, ENV_MODEL
-
     g = p.add_argument_group("chat model", "any OpenAI-compatible chat-completions endpoint (needs pip install "
                                            "'linearrag_torch[gen]'); the API key is never printed")
     g.add_argument("--llm-base-url", metavar="URL", default=None,
@@ -119,8 +117,6 @@ def add_llm_flags(p, judge: bool = False) -> None:
 def llm_from_args(args, notify=None):
     """An answers.generation.LLM from the add_llm_flags flags (raises LLMError when the URL or the model is
     missing); ``notify``: LLM's (the command line prints its retry notices)."""
-    from ..answers.chat import LLM
-
     cache = {"cache": None} if args.no_llm_cache else {"cache": args.llm_cache} if args.llm_cache else {}  # {}: LLM's default
     return LLM(args.llm_base_url, args.llm_model, args.llm_api_key, timeout=args.llm_timeout,
                max_retries=args.llm_max_retries, concurrency=args.llm_concurrency, temperature=args.llm_temperature,
@@ -151,7 +147,7 @@ def ray_options(args):
     """indexing.ray_build.RayOptions from the flags of add_ray_build_flags, or None without --ray."""
     if args.ray is None:
         return None
-    from ..indexing.ray_build import RayBuildError, RayOptions
+    from ..indexing.ray_build import RayBuildError, RayOptions  # deferred: --ray only; tqdm: +50 ms on --help
 
     for name in ("ray_ner_actors", "ray_encode_actors"):
         value = getattr(args, name)

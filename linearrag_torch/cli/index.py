@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..api import LinearRAG
+    from ..api import LinearRAG  # deferred: imports torch, which `linearrag --help` must not load
 
     t0 = time.perf_counter()
     check_output_dir(args.index_dir)  # not after minutes of indexing
@@ -33,7 +33,7 @@ def run(args) -> int:
     icfg = IndexConfig(**{name: getattr(args, name) for name in args.index_fields})
     from contextlib import nullcontext
 
-    from ..index import index_lock
+    from ..index import index_lock  # deferred: imports torch
 
     existing = Path(args.index_dir).is_dir()  # replacing an index: lock before the work, not only to write
     with index_lock(args.index_dir) if existing else nullcontext():

@@ -45,7 +45,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..api import LinearRAG
+    from ..api import LinearRAG  # deferred: imports torch, which `linearrag --help` must not load
 
     items = question_items(args)
     require_encoder_backend(args.encoder_backend)
@@ -54,10 +54,10 @@ def run(args) -> int:
     if args.shards:
         if args.ner_processes:
             raise SystemExit("linearrag query: error: --ner-processes does not apply with --shards")
-        from ..distributed.launch import cmd_query_sharded
+        from ..distributed.launch import cmd_query_sharded  # deferred: imports torch
 
         return cmd_query_sharded(args, items)
-    from ..runtime.threads import set_threads
+    from ..runtime.threads import set_threads  # deferred: imports torch
 
     set_threads(args.threads)
     rag = LinearRAG.load(args.index_dir, device=args.device, quantize=args.quantize,

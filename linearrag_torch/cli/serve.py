@@ -5,7 +5,8 @@ import errno
 import os
 
 from .. import env
-from ..serve.ray_app import RaySettings
+from ..answers.chat import LLMError
+from ..serve.ray_app import RaySettings, serve_ray
 from ..serve.settings import ServeSettings
 from .common import open_index_dir, require_encoder_backend
 from .flags import add_flags, add_llm_flags, llm_from_args, settings_from_args
@@ -47,7 +48,7 @@ def _check_port(host: str, port: int) -> None:
 
 def run(args) -> int:
     try:
-        from ..serve.app import serve
+        from ..serve.app import serve  # deferred: the 'serve' extra (fastapi, uvicorn)
     except ImportError as exc:
         raise ValueError(f"serving needs the 'serve' extra: pip install 'linearrag_torch[serve]' ({exc})") from None
     ray_settings = settings_from_args(RaySettings, args)
@@ -59,8 +60,6 @@ def run(args) -> int:
         _check_port(args.host, args.port)
     llm = None
     if args.llm_base_url or args.llm_model or env.LLM_BASE_URL.get():
-        from ..answers.chat import LLMError
-
         try:
             llm = llm_from_args(args)
         except LLMError as exc:  # no model, say: status 2
@@ -71,8 +70,6 @@ def run(args) -> int:
         except ImportError as exc:
             raise ValueError(f"--ray needs the 'ray' extra: pip install 'linearrag_torch[ray]' ({exc})") from None
         import functools
-
-        from ..serve.ray_app import serve_ray
 
         # the ingress replica makes its own LLM from the same flags (an LLM object holds locks and a cache)
         llm_factory = functools.partial(llm_from_args, args) if llm is not None else None

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from ..config import TrainConfig
+from ..env import resolve_device
 from .flags import device_arg
 
 
@@ -56,8 +57,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import sys
 
-    from ..env import resolve_device
-    from ..rerank.train import mine, mining_questions, read_training_file, train
+    from ..rerank.train import mine, mining_questions, read_training_file, train  # deferred: imports torch
 
     cfg = TrainConfig(epochs=args.epochs, seed=args.seed, lr=args.lr, negatives=args.negatives,
                       questions_per_step=args.questions_per_step, max_length=args.max_length,

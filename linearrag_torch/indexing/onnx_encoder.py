@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .. import env
+from .. import env, extras
 
 EXPORT_VERSION = 1  # bump when the export changes: old files are then exported again
 PROBE_TOLERANCE = 1e-4  # largest |onnx - torch| of a hidden state accepted from a fresh export
@@ -36,8 +36,6 @@ def cache_dir() -> Path:
 
 
 def _runtime():
-    from .. import extras
-
     extras.require("onnx", "onnxruntime", what="the onnx encoder backend")
     import onnxruntime
 

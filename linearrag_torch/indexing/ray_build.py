@@ -37,7 +37,9 @@ from typing import TYPE_CHECKING, Optional, Sequence
 from tqdm.auto import tqdm
 
 from .. import env
+from ..cli.common import count
 from ..config import IndexConfig, RetrievalConfig
+from ..corpus import read_passages
 
 if TYPE_CHECKING:  # torch loads where the work starts: `linearrag --help` parses these flags without it
     import torch
@@ -138,8 +140,6 @@ def cluster_line(ray, starts_local: bool) -> str:
     nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
     where = "a new local Ray cluster" if starts_local else "the Ray cluster at " + str(
         ray.get_runtime_context().gcs_address)
-    from ..cli.common import count
-
     return f"Ray: {where}, {count(nodes, 'node')}, {cpus:g} CPUs, {gpus:g} GPUs"
 
 
@@ -279,7 +279,7 @@ class _NerActor:
 
     @staticmethod
     def _load(setup: dict):
-        from .nlp import load_spacy
+        from .nlp import load_spacy  # deferred (and below): spaCy; this module stays torch-free
 
         cfg = IndexConfig.from_dict(setup["cfg"])
         return cfg, load_spacy(cfg.spacy_model)
@@ -303,7 +303,7 @@ def ray_analyse(ray, cfg: IndexConfig, ner_actors: int, progress: bool = True):
 
     The texts are cut into spaCy batches of cfg.ner_batch_size at the offsets the local nlp.pipe cuts
     them (with one process or several), so every passage is tagged in the same batch as locally."""
-    from .nlp import PassageAnalysis
+    from .nlp import PassageAnalysis  # deferred: imports spaCy and torch
 
     def analyse(texts: Sequence[str]) -> list:
         texts = list(texts)
@@ -331,7 +331,7 @@ class _EncodeActor:
     def _load(setup: dict):
         import torch
 
-        from .. import models
+        from .. import models  # deferred: imports torch
 
         if setup["device"] == "cpu":
             torch.set_num_threads(max(1, int(setup["threads"])))
@@ -365,7 +365,7 @@ def _resolve_on_cluster(ray, cfg: IndexConfig, plan: _Plan) -> Optional[str]:
         return precision
 
     def resolve(p, device):
-        from linearrag_torch.indexing.encoding import resolve_precision
+        from linearrag_torch.indexing.encoding import resolve_precision  # deferred: imports torch; runs on the cluster
 
         return resolve_precision(p, device)
 
@@ -384,7 +384,7 @@ class RayEncoder:
     def __init__(self, ray, cfg: IndexConfig, plan: _Plan, precision: Optional[str] = None, local=None):
         """``precision``: the resolved IndexConfig.encoder_precision of the actors; ``local``: the driver's
         encoder (default: loaded from ``cfg`` on the CPU)."""
-        from .. import models
+        from .. import models  # deferred: imports torch
 
         self.ray = ray
         self.plan = plan
@@ -473,8 +473,7 @@ def build(corpus, index_config: Optional[IndexConfig] = None, config: Optional[R
     ``corpus``: a JSONL path or a list of Passage / dicts, as for LinearRAG.build. ``device``: where the
     returned LinearRAG answers questions (the index itself is assembled on the CPU). ``timings``: if
     given, receives the seconds of "connect" (Ray and the driver's tokenizer) and of build_index's stages."""
-    from ..api import LinearRAG
-    from ..corpus import read_passages
+    from ..api import LinearRAG  # deferred (both): import torch (and build, spaCy)
     from .build import build_index
 
     dev = env.resolve_device(device)
@@ -494,8 +493,7 @@ def build(corpus, index_config: Optional[IndexConfig] = None, config: Optional[R
 def add(rag, corpus, options: Optional[RayOptions] = None, progress: bool = True, timings: Optional[dict] = None):
     """rag.add(corpus) with NER and encoding on a Ray cluster; returns ``rag`` (call rag.save() to write).
     ``timings``: as for build()."""
-    from ..corpus import read_passages
-    from .build import add_passages
+    from .build import add_passages  # deferred: imports torch and spaCy
 
     passages = read_passages(corpus, first_id=rag.index.num_passages, existing_ids=rag.index.passage_ids)
     cfg = rag.index.index_config

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from ..client import SearchClient
+
 
 class HitSource:
     """Hits from a loaded LinearRAG, an index folder, or a server: what every adapter searches through.
@@ -56,8 +58,6 @@ class HitSource:
         self._lock = threading.Lock()
         self.client = None
         if url is not None:
-            from ..client import SearchClient
-
             self.client = SearchClient(url, api_key=api_key, timeout=timeout)
 
     @property
@@ -65,7 +65,7 @@ class HitSource:
         """The LinearRAG searched in process (an ``index_dir`` one is loaded here, once), or None with ``url``."""
         with self._lock:
             if self._rag is None and self.index_dir is not None:
-                from ..api import LinearRAG
+                from ..api import LinearRAG  # deferred: imports torch; the adapters over url= stay torch-free
 
                 self._rag = LinearRAG.load(self.index_dir, device=self.device)
             return self._rag

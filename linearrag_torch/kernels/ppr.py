@@ -123,7 +123,7 @@ def ppr_step(to_passages: torch.Tensor, to_entities: torch.Tensor, between_passa
         return (1.0 - d) + d * dangling_mass(dangling_passage_idx, dangling_entity_idx, new_p, xe)
 
     if use_triton(xp):
-        from .triton import ppr as triton_ppr
+        from .triton import ppr as triton_ppr  # deferred: the optional triton
 
         coef = (1.0 - d) + d * dangling_mass(dangling_passage_idx, dangling_entity_idx, xp, xe)
         return triton_ppr.ppr_step(to_passages, to_entities, between_passages, xp, xe, rp, re, d, coef, out_p, out_e,

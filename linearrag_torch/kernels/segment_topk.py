@@ -147,7 +147,7 @@ def segment_topk_sigma(crow: torch.Tensor, col: torch.Tensor, rows: torch.Tensor
     if n == 0:
         return torch.full((0, k), NONE, dtype=torch.int64, device=rows.device)
     if use_triton(rows):
-        from .triton import segment_topk as triton_segment_topk
+        from .triton import segment_topk as triton_segment_topk  # deferred: the optional triton
 
         return triton_segment_topk.segment_topk_sigma(crow, col, rows, qcols, sigma[0], sigma[1], used, batch, k)
     return _segment_topk_torch(crow, col, rows, qcols, sigma, used, batch, k)

@@ -13,10 +13,11 @@ import torch
 
 from .. import env
 from ..config import IndexConfig
+from ..indexing.encoding import Encoder
 
 
 def load_nlp(cfg: IndexConfig):
-    from ..indexing.nlp import load_spacy
+    from ..indexing.nlp import load_spacy  # deferred: imports spaCy (~1.4 s), needed only when NER runs
 
     return load_spacy(cfg.spacy_model)
 
@@ -44,8 +45,6 @@ def load_question_encoder(cfg: IndexConfig, device, quantize: str | None = None,
 
 
 def load_encoder(cfg: IndexConfig, device, quantize: str | None = None, backend: str = "torch"):
-    from ..indexing.encoding import Encoder
-
     return Encoder(cfg.encoder, device=str(device), max_length=cfg.max_length, batch_size=cfg.batch_size,
                    quantize=quantize, precision=cfg.encoder_precision, backend=backend)
 
@@ -72,6 +71,6 @@ def for_index(cfg: IndexConfig, device, nlp=None, encoder=None) -> IndexModels:
 def load_reranker(folder=None, device="cpu", precision: str = "float32"):
     """The learned reranker (rerank.Reranker) from ``folder`` (None: the one shipped with the package) on
     ``device`` in ``precision`` (rerank.scoring.resolve_precision)."""
-    from ..rerank.scoring import Reranker
+    from ..rerank.scoring import Reranker  # deferred: cycle models <-> rerank.scoring (imports models.reranker)
 
     return Reranker.load(folder, device, precision=precision)

@@ -8,7 +8,7 @@ that the command line's parser does not import torch.
 __all__ = ["Reranker", "Reranked", "RerankerLoadError", "RerankerSettings", "packaged_reranker_folder"]
 
 
-def __getattr__(name):
+def __getattr__(name):  # deferred: the lazy names (see above)
     if name in ("Reranker", "Reranked"):
         from . import scoring
 

@@ -15,7 +15,9 @@ from typing import NamedTuple
 
 import torch
 
+from .. import env
 from ..config import RERANKER_PRECISIONS
+from ..indexing.encoding import quantize_int8
 from ..models.reranker import RerankerSettings, load_model
 
 
@@ -137,8 +139,6 @@ def resolve_precision(precision: str, device) -> str:
     """What the cross-encoder runs in on ``device``: "float32"; "bfloat16" (autocast; on CUDA float16 where
     bf16 is not native); "int8" (dynamically quantised Linear layers, CPU only: float32 elsewhere); "auto":
     bfloat16 where the device computes it natively (env.native_bf16: CUDA, AMX or AVX512-BF16), else float32."""
-    from .. import env
-
     if precision not in RERANKER_PRECISIONS:
         raise ValueError(f"reranker precision must be one of {RERANKER_PRECISIONS}, got {precision!r}")
     dev = torch.device(device)
@@ -170,8 +170,6 @@ class Reranker:
         self.precision = resolve_precision(precision, self.device)
         self._autocast = None
         if self.precision == "int8":
-            from ..indexing.encoding import quantize_int8
-
             self.model.bert = quantize_int8(self.model.bert)  # the head reads its weight directly: kept float32
         elif self.precision in ("bfloat16", "float16"):
             self._autocast = getattr(torch, self.precision)

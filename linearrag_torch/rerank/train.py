@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from ..api import LinearRAG
 from ..config import TrainConfig
 from ..corpus import InputError
 from ..models.reranker import RerankerSettings, base_cross_encoder, save_model
@@ -86,8 +87,6 @@ def mine(questions: list[TrainingQuestion], passages: dict, index_dir, depth: in
          device="cpu") -> None:
     """Fill each question's ``mined`` list with the engine's top ``depth`` passages over the index in
     ``index_dir`` (built from all the file's paragraphs with ids = passage keys when missing)."""
-    from .. import LinearRAG
-
     index_dir = Path(index_dir)
     if index_dir.is_dir() and any(index_dir.iterdir()):
         rag = LinearRAG.load(index_dir, device=device)

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import kernels
+from .. import kernels, models
 from ..env import native_half
+from . import pairs, rerank_stage, stages
 from .activation import (Activation, ActivePairs, ColumnEntries, NearestMemo, dense_seeds, propagate_paper, propagate_reference_pairs,
                          seed_pairs)
 from ..config import RetrievalConfig
@@ -27,6 +28,7 @@ from .memory import default_chunk_budget
 from .pagerank import PPRGraph, StepLog, passage_reset_entries, personalized_pagerank
 from ..queries import EncodedQueries, Retrieved
 from ..runtime import tracing
+from .chain import ChainTables, enabled as chain_enabled
 from .stages import LocalChain
 
 # bytes of working memory one question needs (see DeviceGraph.bytes_per_question): per passage, the
@@ -103,8 +105,6 @@ class DeviceGraph:
         ``precision`` (rerank.scoring.resolve_precision), loaded once on this graph's device."""
         got = self._rerankers.get((folder, precision))
         if got is None:
-            from .. import models
-
             got = self._rerankers[(folder, precision)] = models.load_reranker(folder or None, self.device, precision)
         return got
 
@@ -163,8 +163,6 @@ class DeviceGraph:
         """chain.ChainTables of this index on this device (PS and its transpose, title-line flags, this graph's M,
         Mᵀ and vectors), made on first use."""
         if self._chain is None:
-            from .chain import ChainTables
-
             self._chain = ChainTables.build(self.index, self.device, self.sentence_emb, self.entity_emb,
                                             (self.M_crow, self.M_col, self.MT_crow, self.MT_col))
         return self._chain
@@ -176,8 +174,6 @@ class DeviceGraph:
 
     def pair_rerank(self, queries: EncodedQueries, out: Retrieved, cfg: RetrievalConfig) -> Retrieved:
         """pairs.rerank of ``out`` for these questions (C's structure kept on the device on first use)."""
-        from . import pairs
-
         N = min(cfg.pair_candidates, out.indices.shape[1])
         if N < 2:
             return out
@@ -323,8 +319,6 @@ class TorchBackend(LocalChain):
         return self.graph.pair_rerank(queries, ranking, cfg)
 
     def learned_rerank(self, queries, ranking, cfg, candidates):
-        from . import rerank_stage
-
         reranker = self.graph.reranker(cfg.reranker, cfg.reranker_precision)
         return rerank_stage.apply(reranker, self.graph.rerank_passages(reranker), queries, ranking, candidates)
 
@@ -371,9 +365,6 @@ def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, 
 
 def _run(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool, memory_budget,
          timings, steps: StepLog | None):
-    from . import stages
-    from .chain import enabled as chain_enabled
-
     # the rounds of a chain whose batch runs in one chunk share its passage cosines and eq. 3's scan (kept only
     # for the chain: a kept [P, B] product would add to a chunked batch's memory budget)
     one_chunk = chain_enabled(cfg) and queries.batch_size <= graph.questions_per_chunk(memory_budget, cfg)

@@ -22,6 +22,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..indexing import encoding
+from ..indexing.lexicon import EntityLexicon
 from ..queries import EncodedQueries
 from ..runtime.tracing import stage
 
@@ -34,8 +36,7 @@ class IndexEntityVectors:
     by token."""
 
     def __init__(self, index, encoder):
-        from ..indexing.encoding import token_hash
-
+        token_hash = encoding.token_hash  # read at call time, as before (tests patch encoding.token_hash)
         self.index = index
         self.encoder = encoder
         self._hash = token_hash
@@ -73,8 +74,6 @@ class QuestionPipeline:
     @property
     def lexicon(self):
         if self._lexicon is None:
-            from ..indexing.lexicon import EntityLexicon
-
             self._lexicon = EntityLexicon(self.index.entities)
         return self._lexicon
 
@@ -91,7 +90,7 @@ class QuestionPipeline:
 
         ``ner`` (RetrievalConfig.question_ner): "always" runs spaCy on every question; "fallback" only on the
         questions in which the lexicon finds nothing; "off" never (lexicon matches only)."""
-        from ..indexing.nlp import question_entities
+        from ..indexing.nlp import question_entities  # deferred: imports spaCy (~1.4 s), not needed with ner="off"
 
         questions = list(questions)
         lex = None

@@ -15,18 +15,16 @@ Readings chosen where METHOD.md leaves room (the torch backend must make the sam
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import scipy.sparse as sp
 import torch
 
 from ..config import RetrievalConfig
+from ..index import TriGraphIndex
 from ..queries import EncodedQueries, Retrieved
+from . import rerank_stage
+from .chain import ChainTables
 from .stages import LocalChain, run as run_stages
-
-if TYPE_CHECKING:
-    from ..index import TriGraphIndex
 
 
 def _f64(t: torch.Tensor) -> np.ndarray:
@@ -206,8 +204,6 @@ class ScipyBackend(LocalChain):
 
     @property
     def tables(self):
-        from .chain import ChainTables
-
         if "chain_tables" not in self.prepared:
             self.prepared["chain_tables"] = ChainTables.build(self.index, "cpu")
         return self.prepared["chain_tables"]
@@ -221,8 +217,6 @@ class ScipyBackend(LocalChain):
         return pair_rerank(self.index, queries, ranking, cfg, self.prepared["passage_emb"])
 
     def learned_rerank(self, queries, ranking, cfg, candidates):
-        from . import rerank_stage
-
         if self._reranker is None:
             raise ValueError("rerank=True on the scipy backend needs its reranker: use LinearRAG.retrieve(..., "
                              "backend='scipy') or pass scipy_backend.retrieve(..., reranker=...)")

@@ -30,7 +30,7 @@ import torch
 from ..config import RetrievalConfig
 from ..queries import EncodedQueries, Retrieved
 from . import chain, pairs, rerank_stage
-from ..runtime.tracing import stage as timed
+from ..runtime.tracing import stage as timed, uncounted
 
 
 class Backend(Protocol):
@@ -175,8 +175,6 @@ def pair_stage(be: Backend, b: Batch) -> None:
     before = b.ranking
     b.ranking = be.pair_rerank(b.queries, before, b.cfg)
     if b.traced:
-        from ..runtime.tracing import uncounted
-
         with uncounted():
             b.trace.pair_ranks = pairs.ranks_before(before, b.ranking)
 
@@ -218,8 +216,6 @@ def run(be: Backend, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool 
     if not trace:
         return b.ranking
     if b.seeds is not None:
-        from ..runtime.tracing import uncounted
-
         names = be.entity_names
         with uncounted():  # the trace's names are read on the host
             b.trace.chain_seeds = [[(names[e], w) for e, w in sorted(sd.items(), key=lambda x: (-x[1], x[0]))]

@@ -6,7 +6,7 @@ from .settings import ServeSettings
 __all__ = ["Batcher", "BatchStats", "LinearRAGService", "ServeSettings", "create_app"]
 
 
-def __getattr__(name):  # the FastAPI pieces import fastapi only when asked for
+def __getattr__(name):  # deferred: the FastAPI pieces import fastapi (the 'serve' extra) only when asked for
     if name == "LinearRAGService":
         from .service import LinearRAGService
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import __version__
-from ..retrieval.memory import release_freed_memory, status_bytes
+from ..retrieval.memory import parse_bytes, release_freed_memory, status_bytes
 from .admission import HEAVY_COST, question_cost
 from .batcher import Batcher
 from .metrics import Metrics
@@ -121,7 +121,7 @@ class LocalEngineHost:
         """Start the batcher and load the index in the background (the routes answer 503 until ready)."""
         self._reload_lock = asyncio.Lock()
         if self.settings.threads is not None:
-            from ..runtime.threads import set_threads
+            from ..runtime.threads import set_threads  # deferred: imports torch (as below)
 
             set_threads(self.settings.threads)  # process-wide: only when asked for
         self.batcher.start()
@@ -172,6 +172,7 @@ class LocalEngineHost:
     # ------------------------------------------------------------------ the engine thread
     def _load_rag(self, like):
         """Load the index folder (verified); reuse the models of ``like`` when the new index uses the same."""
+        # deferred: import torch; the HTTP front (front.py, the Ray ingress) imports this module torch-free
         from ..api import LinearRAG
         from ..index import TriGraphIndex
 
@@ -219,8 +220,6 @@ class LocalEngineHost:
         which the event loop then has to itself (with the engine thread taking a part, as LinearRAG does by
         default, the server gained less: benchmarks/README.md)."""
         if self.settings.memory_budget:
-            from ..retrieval.memory import parse_bytes
-
             rag.graph.memory_budget = parse_bytes(self.settings.memory_budget)
         if self.settings.ner_processes and rag.ner_pool is None:
             rag.start_ner_processes(self.settings.ner_processes, caller_part=False)

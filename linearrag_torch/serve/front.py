@@ -24,6 +24,8 @@ from fastapi.security import HTTPBearer
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
+from ..answers.chat import LLMError
+from ..answers.generation import aanswer_batch
 from . import schemas
 from .admission import Admission, request_cost
 from .engine_host import ReloadRefused
@@ -147,9 +149,6 @@ class HTTPFront:
 
     async def answer(self, body: dict, place: Place | None = None, rid: str | None = None) -> dict:
         """/v1/answer: the /v1/search body; the questions' hits (batched as for search) go to the chat model."""
-        from ..answers.chat import LLMError
-        from ..answers.generation import aanswer_batch
-
         req = self._validate(body)
         if self.llm is None:
             raise HTTPError(503, "no chat model configured: start the server with --llm-base-url and --llm-model "

@@ -41,6 +41,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
 from typing import Callable, Hashable, Sequence
 
+from ..cli.common import count
 from ..config import _f
 from .batcher import BatchStats
 from .settings import ServeSettings
@@ -229,6 +230,8 @@ class LinearRAGEngine:
     Ray Serve's. Ray makes it a deployment in ``build_app``."""
 
     async def __init__(self, index_dir: str, settings: dict):
+        # deferred (this module's .engine_host, .metrics, .front, .app): the 'serve' extra, which
+        # `linearrag serve --help` (it imports this module) does not need
         from .engine_host import LocalEngineHost
 
         s = ServeSettings(**settings)
@@ -275,7 +278,7 @@ class RayEngineHost:
     def __init__(self, settings: ServeSettings, engine, ray_settings: RaySettings):
         from prometheus_client import Counter
 
-        from .metrics import Metrics
+        from .metrics import Metrics  # deferred: the 'serve' extra
 
         self.settings = settings
         self.engine = engine
@@ -313,7 +316,7 @@ class RayEngineHost:
             await self.stop()
 
     async def hits(self, key: tuple, items: list) -> list:
-        from ..corpus import Hit
+        from ..corpus import Hit  # deferred: `linearrag serve --help` imports this module
 
         out = await self._remote_search(key, items)
         for stats in out["batches"]:
@@ -324,7 +327,7 @@ class RayEngineHost:
         from ray.exceptions import RayActorError
         from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
-        from .front import HTTPError
+        from .front import HTTPError  # deferred: the 'serve' extra
 
         last = None
         for attempt in range(self.ray_settings.ray_retries + 1):
@@ -342,7 +345,7 @@ class RayEngineHost:
                              "retry shortly", "replica_lost", {"Retry-After": "1"})
 
     async def reload(self) -> dict:
-        from .engine_host import ReloadRefused
+        from .engine_host import ReloadRefused  # deferred: the 'serve' extra
 
         raise ReloadRefused("with --ray each engine replica reloads itself: start it with --watch SECONDS "
                             "(replicas check index.json and swap with no failed request), or redeploy")
@@ -375,13 +378,13 @@ class LinearRAGIngress:
     """The HTTP routes of `linearrag serve` (serve/front.HTTPFront) in front of the engine deployment."""
 
     def __init__(self, engine, index_dir: str, settings: dict, ray_settings: dict, llm_factory=None):
-        from .front import HTTPFront
+        from .front import HTTPFront  # deferred: the 'serve' extra
 
         self.host = RayEngineHost(ServeSettings(**settings), engine, RaySettings(**ray_settings))
         self.front = HTTPFront(self.host, llm=llm_factory() if llm_factory is not None else None)
 
     def __serve_build_asgi_app__(self):
-        from .app import create_app
+        from .app import create_app  # deferred: the 'serve' extra
 
         return create_app(self.front)
 
@@ -502,8 +505,7 @@ def serve_ray(index_dir, settings: ServeSettings, ray_settings: RaySettings, llm
     import ray
     from ray import serve
 
-    from ..cli.common import count
-    from ..indexing.ray_build import cluster_line, init_quietly, starts_new_cluster
+    from ..indexing.ray_build import cluster_line, init_quietly, starts_new_cluster  # deferred: tqdm, +50 ms on serve --help
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     own_cluster = starts_new_cluster(ray, ray_settings.ray_address)
