@@ -12,7 +12,10 @@ come back spread over the time the engine can take them, instead of all after on
 refuses a few of them a second rather than each of them every second (on 2wiki with 16 times more clients
 than places: docs/benchmarks/serve.md).
 Refusing early is what keeps the engine's time for the requests that can still be answered: a request let
-in to wait past its deadline costs its share of the engine and then fails anyway (504).
+in to wait past its deadline costs its share of the engine and then fails anyway (504). An idle engine (no question
+inside) takes a request whatever the pace says: the pace is that of the last batches, which may be stale (a slow
+spell over), and only a batch run refreshes it; refused by it, a server whose timeout is below its last pace
+would refuse every request from then on.
 
 By work: a request's cost is the work it brings (as TEI's queue counts tokens, not requests), the sum over its
 questions of ``question_cost``: one unit for a question of up to UNIT_CHARS characters at a top_k up to
@@ -134,7 +137,7 @@ class Admission:
             if refused is not None:
                 return refused
         wait = self.expected_wait(questions, heavy=cost is not None and self.kind(cost) == "heavy")
-        if wait > deadline:
+        if wait > deadline and self.questions > 0:  # an idle engine takes it: only a batch run refreshes a stale pace
             return (f"the queue would hold it ~{wait:.1f} s, past its {deadline:g} s deadline",
                     retry_after(wait - deadline))
         return None

@@ -99,6 +99,17 @@ def test_admission_by_count_and_by_time():
     assert Admission(4, engines=2).engines == 2
 
 
+def test_an_idle_engine_takes_a_request_whatever_its_last_pace():
+    a = Admission(max_concurrent=2)
+    for _ in range(8):
+        a.on_batch(SimpleNamespace(size=1, engine_s=1.0, error=None))  # a slow spell: 1 s per question
+    assert a.expected_wait(1) == pytest.approx(1.0)
+    assert a.refusal(deadline=0.5) is None  # nothing inside: admitted (the pace may be stale)
+    a.questions = 1
+    why, _ = a.refusal(deadline=0.5)  # one inside: the pace counts
+    assert "deadline" in why
+
+
 def test_a_refusal_by_count_asks_the_crowd_to_wait_for_the_engine(monkeypatch):
     """Refused clients wait to come back: the Retry-After of a refusal by count is at least the engine's time for
     the refusals of the last CROWD_WINDOW_S seconds (this one included), at most MAX_RETRY_AFTER_S; older
