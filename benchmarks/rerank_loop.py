@@ -62,16 +62,19 @@ def fitting_set(train_file: Path, out: Path, heldout_only: bool = False) -> Path
     return out
 
 
-def systems(loops: list[int], precisions: list[str]) -> dict:
-    """{name: config}: the graph alone, then per reranker precision the final-list rerank and each loop size."""
+def systems(loops: list[int], precisions: list[str], rerankers: dict | None = None) -> dict:
+    """{name: config}: the graph alone, then per reranker (the shipped one, then each of ``rerankers``, {name:
+    folder}) and precision the final-list rerank and each loop size."""
     base = RetrievalConfig()
     out = {"graph": base}
-    for p in precisions:
-        tag = "" if p == "float32" else f"_{p}"
-        out[f"rerank{tag}"] = base.replace(rerank=True, reranker_precision=p)
-        for k in loops:
-            if k > 0:
-                out[f"loop{k}{tag}"] = base.replace(rerank=True, rerank_loop_candidates=k, reranker_precision=p)
+    for rname, folder in {"": "", **(rerankers or {})}.items():
+        for p in precisions:
+            tag = ("" if p == "float32" else f"_{p}") + (f"_{rname}" if rname else "")
+            cfg = base.replace(rerank=True, reranker_precision=p, reranker=folder)
+            out[f"rerank{tag}"] = cfg.replace(rerank_loop_candidates=0)
+            for k in loops:
+                if k > 0:
+                    out[f"loop{k}{tag}"] = cfg.replace(rerank_loop_candidates=k)
     return out
 
 
@@ -148,6 +151,8 @@ def main(argv=None) -> int:
     ap.add_argument("--loop", nargs="+", type=int, default=[5, 10], help="rerank_loop_candidates compared (> 0)")
     ap.add_argument("--precisions", nargs="+", default=["float32"], choices=["float32", "bfloat16", "int8", "auto"],
                     help="reranker precisions compared (RetrievalConfig.reranker_precision)")
+    ap.add_argument("--rerankers", nargs="+", default=[], metavar="NAME=DIR",
+                    help="retrained rerankers compared beside the shipped one (systems rerank_NAME, loopK_NAME)")
     ap.add_argument("--batch", type=int, default=64, help="questions per call")
     ap.add_argument("--png", type=Path, help="write the plot here")
     args = ap.parse_args(argv)
@@ -160,7 +165,13 @@ def main(argv=None) -> int:
     check_data_folders(folders, ap.error)
     results = {"command": " ".join(["python", "-m", "benchmarks.rerank_loop"] + (argv or sys.argv[1:])),
                "date": time.strftime("%Y-%m-%d"), "torch_threads": torch.get_num_threads(), "datasets": {}}
-    configs = systems(args.loop, args.precisions)
+    rerankers = {}
+    for item in args.rerankers:
+        name, sep, folder = item.partition("=")
+        if not sep or not name or not Path(folder).is_dir():
+            ap.error(f"--rerankers {item}: give NAME=DIR with an existing reranker folder")
+        rerankers[name] = folder
+    configs = systems(args.loop, args.precisions, rerankers)
     results["configs"] = {k: {f: v for f, v in c.to_dict().items() if f.startswith("rerank")} for k, c in configs.items()}
     for data in folders:
         rag, _ = load_or_build(data / "corpus.jsonl", args.cache)
