@@ -378,6 +378,7 @@ class TrainConfig:
     mine_share: float = 1.0  # share of the training questions whose paragraphs enter the mining index
     checkpoint_every: int = 50
     threads: int | None = None
+    second_place: bool = False  # train on the init model's own mistakes after a gold first hop (rerank/second_place.py)
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.questions_per_step < 1 or self.negatives < 1 or self.candidates < 1:

@@ -46,6 +46,11 @@ def add_parser(sub) -> None:
                         f"(default {d.mine_share})")
     p.add_argument("--mine-index", metavar="DIR", default=None,
                    help="the mining index folder: loaded when it holds an index, else built there (default OUT/mining_index)")
+    p.add_argument("--second-place", action="store_true",
+                   help="train the second place: with --init a reranker, mine its own mistakes on the training "
+                        "questions (the paragraphs it puts above a gold second hop when it reads the gold first hop "
+                        "as context) and train only on the questions that have one, each with a group of its other "
+                        "gold passages against those mistakes beside its ordinary group (needs --context-tokens)")
     p.add_argument("--limit", type=int, default=None, help="use only the first N questions (a quick trial)")
     device_arg(p)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
@@ -62,7 +67,10 @@ def run(args) -> int:
     cfg = TrainConfig(epochs=args.epochs, seed=args.seed, lr=args.lr, negatives=args.negatives,
                       questions_per_step=args.questions_per_step, max_length=args.max_length,
                       question_tokens=args.question_tokens, context_tokens=args.context_tokens,
-                      mine_share=args.mine_share, threads=args.threads)
+                      mine_share=args.mine_share, threads=args.threads, second_place=args.second_place)
+    if cfg.second_place and not cfg.context_tokens:
+        raise SystemExit("linearrag train-reranker: error: --second-place reads the first hop as context: give "
+                         "--context-tokens (40 for the shipped reranker)")
     questions, passages = read_training_file(args.train)
     if args.limit:
         questions = questions[:args.limit]

@@ -30,6 +30,7 @@ from ..config import TrainConfig
 from ..corpus import InputError
 from ..models.reranker import RerankerSettings, base_cross_encoder, save_model
 from ..index import passage_text
+from .second_place import mine_second_place, second_place_counts, second_place_group
 from .scoring import (PassageTokens, QuestionTokens, chain_context, fuse, pair_inputs, tokenize_passages,
                       tokenize_questions)
 
@@ -236,6 +237,21 @@ def train(questions: list[TrainingQuestion], passages: dict, out, cfg: TrainConf
     train_ix, held_ix = split_heldout(len(questions), cfg.heldout, cfg.seed)
     q_tok, p_tok, row_of = _tokens(tok, questions, passages, cfg)
     q_tok, p_tok = q_tok.to(device), PassageTokens(p_tok.ids.to(device), p_tok.lengths.to(device))
+    sep, pad = tok.sep_token_id, tok.pad_token_id or 0
+    settings = RerankerSettings(max_length=cfg.max_length, question_tokens=cfg.question_tokens,
+                                context_tokens=cfg.context_tokens)
+    second, second_facts = None, None
+    if cfg.second_place:  # the init model's own mistakes after a gold first hop (rerank/second_place.py)
+        second = mine_second_place(model, questions, train_ix, passages, q_tok, p_tok, row_of, settings, sep, pad,
+                                   progress=progress)
+        held_before = mine_second_place(model, questions, held_ix, passages, q_tok, p_tok, row_of, settings, sep,
+                                        pad, progress=progress)
+        train_ix = [i for i in train_ix if i in second and second[i].mistakes]
+        second_facts = {"mined": second_place_counts(second), "heldout_before": second_place_counts(held_before)}
+        log(f"second place: {second_facts['mined']['with_a_mistake']} of {second_facts['mined']['questions']} "
+            "training questions with a mistake after the first hop; training on those")
+        if not train_ix:
+            raise InputError("--second-place: the model makes no second-place mistake on these questions")
     steps_per_epoch = math.ceil(len(train_ix) / cfg.questions_per_step)
     total = steps_per_epoch * cfg.epochs
     body = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("head.")]
@@ -252,7 +268,6 @@ def train(questions: list[TrainingQuestion], passages: dict, out, cfg: TrainConf
             else:
                 start, losses = got["step"], got.get("losses", [])
                 log(f"resuming at step {start} of {total}")
-    sep, pad = tok.sep_token_id, tok.pad_token_id or 0
     gold_of = [set(q.positives) for q in questions]
     mined_tops = [q.mined[0][0] in gold_of[i] for i, q in enumerate(questions) if q.mined]
     top_is_gold = sum(mined_tops) / len(mined_tops) if mined_tops else 0.5
@@ -263,15 +278,17 @@ def train(questions: list[TrainingQuestion], passages: dict, out, cfg: TrainConf
         batch = [train_ix[i] for i in order[within * cfg.questions_per_step:(within + 1) * cfg.questions_per_step]]
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         torch.manual_seed(cfg.seed * 1_000_003 + step)  # dropout: the same masks whether or not the run restarted
-        groups = [_group(questions[b], gold_of[b], row_of, cfg, gen, top_is_gold) for b in batch]
-        rows = torch.tensor([r for g, _, _ in groups for r in g], dtype=torch.int64, device=device)
-        ctx = torch.tensor([c for _, _, cs in groups for c in cs], dtype=torch.int64, device=device)
-        qs = torch.tensor([b for b, (g, _, _) in zip(batch, groups) for _ in g], dtype=torch.int64, device=device)
+        groups = [(b, _group(questions[b], gold_of[b], row_of, cfg, gen, top_is_gold)) for b in batch]
+        if second is not None:
+            groups += [(b, second_place_group(second[b], row_of, cfg.negatives)) for b in batch]
+        rows = torch.tensor([r for _, (g, _, _) in groups for r in g], dtype=torch.int64, device=device)
+        ctx = torch.tensor([c for _, (_, _, cs) in groups for c in cs], dtype=torch.int64, device=device)
+        qs = torch.tensor([b for b, (g, _, _) in groups for _ in g], dtype=torch.int64, device=device)
         ids, mask, types = pair_inputs(q_tok, p_tok, qs, rows, cfg.max_length, sep, pad, ctx, cfg.context_tokens)
         keep = int(mask.sum(1).max())  # training only: cut the columns no pair of this step uses
         logits = model(ids[:, :keep], mask[:, :keep], types[:, :keep])
         loss, at = 0.0, 0
-        for g, n_pos, _ in groups:
+        for _, (g, n_pos, _) in groups:
             loss = loss + listwise_loss(logits[at:at + len(g)], n_pos)
             at += len(g)
         loss = loss / len(groups)
@@ -289,8 +306,9 @@ def train(questions: list[TrainingQuestion], passages: dict, out, cfg: TrainConf
             _save_checkpoint(out, model, opt, step + 1, {"total": total, "seed": cfg.seed, "losses": losses})
     bar.close()
     model.eval()
-    settings = RerankerSettings(max_length=cfg.max_length, question_tokens=cfg.question_tokens,
-                                context_tokens=cfg.context_tokens)
+    if second is not None:
+        second_facts["heldout_after"] = second_place_counts(mine_second_place(
+            model, questions, held_ix, passages, q_tok, p_tok, row_of, settings, sep, pad, progress=progress))
     fit = fit_fusion(model, [questions[i] for i in held_ix], q_tok.select(torch.tensor(held_ix, device=device)),
                      p_tok, row_of, settings, cfg, sep, pad)
     settings.w_model, settings.w_rank, settings.w_score = fit["weights"]
@@ -300,6 +318,8 @@ def train(questions: list[TrainingQuestion], passages: dict, out, cfg: TrainConf
              "commit": _commit(), "device": str(device), "torch": torch.__version__,
              "mined_questions": len(mining_questions(len(questions), cfg)),
              "init": str(init) if init else None}
+    if second_facts is not None:
+        facts["second_place"] = second_facts
     settings.extra = facts
     save_model(model, tok, settings, out / "model", half=half, card=model_card(settings, facts))
     for p in _checkpoint_paths(out):
@@ -390,7 +410,7 @@ A cross-encoder that reads a question and a passage together and gives one relev
 | input | {_input_line(settings)} |
 | training data | the file given to `linearrag train-reranker` ({facts['train_questions']} questions trained, {facts['heldout_questions']} held out to fit the fusion) |
 | negatives | each question's published distractors, and the engine's top-{cfg['candidates']} wrong passages over an index of the paragraphs of {facts.get('mined_questions', '?')} questions (`--mine-share {cfg['mine_share']}` of the training questions and all held-out ones) |
-| loss | listwise: -log softmax of each gold against {cfg['negatives']} sampled negatives |
+| loss | listwise: -log softmax of each gold against {cfg['negatives']} sampled negatives |{_second_place_row(facts)}
 | optimiser | AdamW, lr {cfg['lr']} (head {cfg['head_lr']}), {cfg['warmup']:.0%} warm-up then linear decay, word embeddings frozen |
 | steps | {facts['steps']} ({facts['epochs']} epochs, {cfg['questions_per_step']} questions a step) |
 | seed | {facts['seed']} |
@@ -402,14 +422,29 @@ Reproduce: `{reproduce_command(cfg, facts.get('init'))}`.
 """
 
 
+def _second_place_row(facts: dict) -> str:
+    sp = facts.get("second_place")
+    if not sp:
+        return ""
+    m, before, after = sp["mined"], sp["heldout_before"], sp.get("heldout_after", {})
+    return (f"\n| second place | trained only on the {m['with_a_mistake']} of {m['questions']} training questions on "
+            "which the init model put a paragraph above a gold second hop, read after the gold first hop "
+            "(`--second-place`), each with a group of its other gold passages against those paragraphs beside its "
+            f"ordinary group; held-out questions with a gold passage first after the first hop: "
+            f"{before['gold_first_after_first_hop']} -> {after.get('gold_first_after_first_hop', '?')} of "
+            f"{before['questions']} |")
+
+
 def reproduce_command(cfg: dict, init: str | None) -> str:
     """The `linearrag train-reranker` command line of a run: its flags that differ from the defaults."""
     default = asdict(TrainConfig())
     flags = {"epochs": "--epochs", "seed": "--seed", "lr": "--lr", "negatives": "--negatives",
              "questions_per_step": "--questions-per-step", "max_length": "--max-length",
-             "question_tokens": "--question-tokens", "context_tokens": "--context-tokens", "mine_share": "--mine-share"}
+             "question_tokens": "--question-tokens", "context_tokens": "--context-tokens", "mine_share": "--mine-share",
+             "second_place": "--second-place"}
     parts = ["linearrag train-reranker --train questions.jsonl --out DIR"]
     if init:
         parts.append("--init INIT_DIR")
-    parts += [f"{flag} {cfg[k]}" for k, flag in flags.items() if k in cfg and (k == "seed" or cfg[k] != default[k])]
+    parts += [flag if cfg[k] is True else f"{flag} {cfg[k]}" for k, flag in flags.items()
+              if k in cfg and (k == "seed" or cfg[k] != default[k])]
     return " ".join(parts)
