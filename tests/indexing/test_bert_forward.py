@@ -5,6 +5,7 @@ import torch
 
 from linearrag_torch.indexing.bert_forward import BertForward
 from linearrag_torch.indexing.encoding import Encoder
+from linearrag_torch.env import native_bf16
 
 
 def _model_hidden(model, ids, mask):
@@ -42,8 +43,13 @@ def test_the_encoder_uses_it_and_its_vectors_are_the_models(encoder, precision):
     texts = ["Who directed Polish-Russian War?", "Who directed the film Polish-Russian War?", "Teutberga was a queen."]
     plain = Encoder(precision=precision)
     plain._lean = None  # BertModel's own forward
-    # texts of about one length: one pass with little padding, not packed: bit for bit
-    assert torch.equal(encoder.encode(texts), plain.encode(texts))
+    # texts of about one length: one pass with little padding, not packed: bit for bit, except bf16 on a CPU that
+    # computes it natively (AMX / AVX512-BF16: oneDNN's bf16 kernels there differ from BertModel's by ~3e-4)
+    got, want = encoder.encode(texts), plain.encode(texts)
+    if precision == "bfloat16" and native_bf16("cpu"):
+        assert torch.allclose(got, want, atol=2e-3, rtol=0), float((got - want).abs().max())
+    else:
+        assert torch.equal(got, want)
     # much padding: the pass runs packed (BertForward.packed), equal to float rounding
     texts += ["Paris", "Teutberga was a queen of Lotharingia by marriage to Lothair II, King of Lotharingia."]
     got, want = encoder.encode(texts), plain.encode(texts)
