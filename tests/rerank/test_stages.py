@@ -59,7 +59,7 @@ def test_the_chain_takes_its_sources_from_the_reranked_round(small_rag, small_qu
     depth = stages.graph_depth(cfg)
     one = engine.graph_round(small_rag.graph, enc, cfg.replace(chain_passages=0, pair_candidates=0, rerank=False,
                                                                 top_k=depth))
-    r = Reranker.load(tiny_reranker_dir)
+    r = Reranker.load(tiny_reranker_dir, precision=cfg.reranker_precision)  # bfloat16 where the CPU has it (auto)
     rr = r.rerank(enc.rerank_tokens, r.passage_tokens(small_rag.index), one.indices[:, :K], one.scores[:, :K])
     want = rerank_stage.loop_order(one, rr)
     assert torch.equal(tr.rounds[0].indices, want.indices)
