@@ -378,7 +378,10 @@ class TrainConfig:
     mine_share: float = 1.0  # share of the training questions whose paragraphs enter the mining index
     checkpoint_every: int = 50
     threads: int | None = None
-    second_place: bool = False  # train on the init model's own mistakes after a gold first hop (rerank/second_place.py)
+    # train on the init model's own second-place mistakes (rerank/second_place.py): "" off, "first-hop" after a gold
+    # first hop among the question's paragraphs, "engine" among the engine's mined top candidates in the fused order
+    second_place: str = ""
+    second_place_candidates: int = 5  # "engine": the mined candidates the second place is decided among
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.questions_per_step < 1 or self.negatives < 1 or self.candidates < 1:
@@ -387,6 +390,8 @@ class TrainConfig:
             raise ValueError(f"max_length ({self.max_length}) must leave room for the question ({self.question_tokens} "
                              f"tokens), the context ({self.context_tokens}), a passage, 3 special tokens and one "
                              "padding: at least question_tokens + context_tokens + 5")
+        if self.second_place not in ("", "first-hop", "engine"):
+            raise ValueError(f"second_place must be '', 'first-hop' or 'engine', got {self.second_place!r}")
         if not 0.0 <= self.mine_share <= 1.0 or not 0.0 < self.heldout < 1.0 or not 0.0 <= self.hard_share <= 1.0:
             raise ValueError("mine_share and hard_share must be in [0, 1], heldout in (0, 1)")
 

@@ -46,11 +46,13 @@ def add_parser(sub) -> None:
                         f"(default {d.mine_share})")
     p.add_argument("--mine-index", metavar="DIR", default=None,
                    help="the mining index folder: loaded when it holds an index, else built there (default OUT/mining_index)")
-    p.add_argument("--second-place", action="store_true",
+    p.add_argument("--second-place", nargs="?", const="first-hop", choices=["first-hop", "engine"], default="",
                    help="train the second place: with --init a reranker, mine its own mistakes on the training "
-                        "questions (the paragraphs it puts above a gold second hop when it reads the gold first hop "
-                        "as context) and train only on the questions that have one, each with a group of its other "
-                        "gold passages against those mistakes beside its ordinary group (needs --context-tokens)")
+                        "questions and train only on the questions that have one, each with a group of its other "
+                        "gold passages against those mistakes beside its ordinary group (needs --context-tokens). "
+                        "first-hop (the default of the flag): the paragraphs it puts above a gold second hop when it "
+                        "reads the gold first hop; engine: the mined candidates it fuses above a gold one when the "
+                        "engine's top candidate is gold (use --mine-share 1 to mine every question)")
     p.add_argument("--limit", type=int, default=None, help="use only the first N questions (a quick trial)")
     device_arg(p)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")

@@ -11,6 +11,12 @@ with a mistake, one listwise group: its other gold passages against its hardest 
 all read after the first hop; the question's ordinary group (rerank.train._group) stays beside it, so that the
 rest of what the reader does is trained too.
 
+``mine_engine_second_place`` (``--second-place engine``) mines where the engine decides instead: over the
+engine's own top candidates of a question (rerank.train.mine, the mining index), when its top one is gold, that one
+is the context (as chain_context makes it) and the other candidates are ordered by the fused score of the init
+model (its logit, the graph's rank and score, its fusion weights); the candidates fused above a gold one are the
+mistakes.
+
 ``second_place_counts`` is the measure on held-out questions: of those with two or more gold passages, how many
 have a gold passage first among the other paragraphs read after the first hop.
 """
@@ -103,6 +109,54 @@ def mine_second_place(model, questions: list, positions: list, passages: dict, q
         ranked = [cands[len(others) + j] for _, j in negs]
         out[i] = SecondPlace(ctx, others, ranked, sum(1 for v, _ in negs if v > worst_gold),
                              max(mine[:len(others)]) >= (negs[0][0] if negs else float("-inf")))
+    return out
+
+
+@torch.no_grad()
+def mine_engine_second_place(model, questions: list, positions: list, q_tok: QuestionTokens, p_tok: PassageTokens,
+                             row_of: dict, settings, fusion, candidates: int, sep: int, pad: int,
+                             progress: bool = True) -> dict:
+    """{question position: SecondPlace} for the questions at ``positions`` whose mined top candidate is gold and
+    whose next ``candidates - 1`` hold another gold passage: each of those read after the top one, in the order of
+    ``fusion``'s fused score (a RerankerSettings with the init model's weights)."""
+    from tqdm.auto import tqdm
+
+    from .scoring import fuse
+
+    jobs = []
+    for i in positions:
+        q = questions[i]
+        gold = set(q.positives)
+        top = q.mined[:candidates]
+        if len(top) < 2 or top[0][0] not in gold or not any(k in gold for k, _ in top[1:]):
+            continue
+        jobs.append((i, top))
+    dev = q_tok.ids.device
+    out = {}
+    was_training = model.training
+    model.eval()
+    for s in tqdm(range(0, len(jobs), 16), desc="second place (engine)", unit="batch", disable=not progress):
+        part = jobs[s:s + 16]
+        qs = torch.tensor([i for i, top in part for _ in top[1:]], dtype=torch.int64, device=dev)
+        rows = torch.tensor([row_of[k] for _, top in part for k, _ in top[1:]], dtype=torch.int64, device=dev)
+        ctxs = torch.tensor([row_of[top[0][0]] for _, top in part for _ in top[1:]], dtype=torch.int64, device=dev)
+        ids, mask, types = pair_inputs(q_tok, p_tok, qs, rows, settings.max_length, sep, pad, ctxs,
+                                       settings.context_tokens)
+        keep = int(mask.sum(1).max())
+        lg = model(ids[:, :keep], mask[:, :keep], types[:, :keep]).float().cpu().tolist()
+        at = 0
+        for i, top in part:
+            n = len(top) - 1
+            logits = torch.tensor([[0.0] + lg[at:at + n]])  # the top one's own logit does not enter the order below
+            at += n
+            fused = fuse(fusion, logits, torch.tensor([[sc for _, sc in top]]))[0, 1:].tolist()
+            gold = set(questions[i].positives)
+            keys = [k for k, _ in top[1:]]
+            g = [f for k, f in zip(keys, fused) if k in gold]
+            negs = sorted(((f, j) for j, (k, f) in enumerate(zip(keys, fused)) if k not in gold), key=lambda t: (-t[0], t[1]))
+            out[i] = SecondPlace(top[0][0], [k for k in keys if k in gold], [keys[j] for _, j in negs],
+                                 sum(1 for f, _ in negs if f > min(g)), max(g) >= (negs[0][0] if negs else float("-inf")))
+    model.train(was_training)
     return out
 
 

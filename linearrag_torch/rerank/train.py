@@ -30,7 +30,7 @@ from ..config import TrainConfig
 from ..corpus import InputError
 from ..models.reranker import RerankerSettings, base_cross_encoder, save_model
 from ..index import passage_text
-from .second_place import mine_second_place, second_place_counts, second_place_group
+from .second_place import mine_engine_second_place, mine_second_place, second_place_counts, second_place_group
 from .scoring import (PassageTokens, QuestionTokens, chain_context, fuse, pair_inputs, tokenize_passages,
                       tokenize_questions)
 
@@ -152,6 +152,17 @@ def _group(q: TrainingQuestion, gold: set, row_of: dict, cfg: TrainConfig, gen: 
     return [row_of[k] for k in keys], len(pos), [row_of[k] if k is not None else -1 for k in ctx]
 
 
+def init_fusion(init) -> RerankerSettings:
+    """The fused score's weights of the reranker folder ``init`` (the fused order its second place is mined in)."""
+    from ..models.reranker import SETTINGS_FILE
+
+    path = Path(init) / SETTINGS_FILE if init else None
+    if path is None or not path.is_file():
+        raise InputError("--second-place engine orders the candidates by the init reranker's fused score: give "
+                         "--init a reranker folder")
+    return RerankerSettings.from_dict(json.loads(path.read_text()))
+
+
 def listwise_loss(logits: torch.Tensor, n_pos: int) -> torch.Tensor:
     """Mean over the positives (the first n_pos logits) of -log softmax against the negatives."""
     pos, neg = logits[:n_pos], logits[n_pos:]
@@ -242,14 +253,21 @@ def train(questions: list[TrainingQuestion], passages: dict, out, cfg: TrainConf
                                 context_tokens=cfg.context_tokens)
     second, second_facts = None, None
     if cfg.second_place:  # the init model's own mistakes after a gold first hop (rerank/second_place.py)
-        second = mine_second_place(model, questions, train_ix, passages, q_tok, p_tok, row_of, settings, sep, pad,
-                                   progress=progress)
-        held_before = mine_second_place(model, questions, held_ix, passages, q_tok, p_tok, row_of, settings, sep,
-                                        pad, progress=progress)
+        if cfg.second_place == "engine":
+            fusion = init_fusion(init)
+
+            def mine_sp(positions):
+                return mine_engine_second_place(model, questions, positions, q_tok, p_tok, row_of, settings, fusion,
+                                                cfg.second_place_candidates, sep, pad, progress=progress)
+        else:
+            def mine_sp(positions):
+                return mine_second_place(model, questions, positions, passages, q_tok, p_tok, row_of, settings, sep,
+                                         pad, progress=progress)
+        second, held_before = mine_sp(train_ix), mine_sp(held_ix)
         train_ix = [i for i in train_ix if i in second and second[i].mistakes]
         second_facts = {"mined": second_place_counts(second), "heldout_before": second_place_counts(held_before)}
-        log(f"second place: {second_facts['mined']['with_a_mistake']} of {second_facts['mined']['questions']} "
-            "training questions with a mistake after the first hop; training on those")
+        log(f"second place ({cfg.second_place}): {second_facts['mined']['with_a_mistake']} of "
+            f"{second_facts['mined']['questions']} training questions with a mistake; training on those")
         if not train_ix:
             raise InputError("--second-place: the model makes no second-place mistake on these questions")
     steps_per_epoch = math.ceil(len(train_ix) / cfg.questions_per_step)
@@ -307,8 +325,7 @@ def train(questions: list[TrainingQuestion], passages: dict, out, cfg: TrainConf
     bar.close()
     model.eval()
     if second is not None:
-        second_facts["heldout_after"] = second_place_counts(mine_second_place(
-            model, questions, held_ix, passages, q_tok, p_tok, row_of, settings, sep, pad, progress=progress))
+        second_facts["heldout_after"] = second_place_counts(mine_sp(held_ix))
     fit = fit_fusion(model, [questions[i] for i in held_ix], q_tok.select(torch.tensor(held_ix, device=device)),
                      p_tok, row_of, settings, cfg, sep, pad)
     settings.w_model, settings.w_rank, settings.w_score = fit["weights"]
@@ -427,9 +444,11 @@ def _second_place_row(facts: dict) -> str:
     if not sp:
         return ""
     m, before, after = sp["mined"], sp["heldout_before"], sp.get("heldout_after", {})
+    where = ("fused a mined candidate above a gold one after the engine's gold top candidate (`--second-place engine`)"
+             if facts["config"].get("second_place") == "engine" else
+             "put a paragraph above a gold second hop, read after the gold first hop (`--second-place first-hop`)")
     return (f"\n| second place | trained only on the {m['with_a_mistake']} of {m['questions']} training questions on "
-            "which the init model put a paragraph above a gold second hop, read after the gold first hop "
-            "(`--second-place`), each with a group of its other gold passages against those paragraphs beside its "
+            f"which the init model {where}, each with a group of its other gold passages against those paragraphs beside its "
             f"ordinary group; held-out questions with a gold passage first after the first hop: "
             f"{before['gold_first_after_first_hop']} -> {after.get('gold_first_after_first_hop', '?')} of "
             f"{before['questions']} |")
@@ -445,6 +464,5 @@ def reproduce_command(cfg: dict, init: str | None) -> str:
     parts = ["linearrag train-reranker --train questions.jsonl --out DIR"]
     if init:
         parts.append("--init INIT_DIR")
-    parts += [flag if cfg[k] is True else f"{flag} {cfg[k]}" for k, flag in flags.items()
-              if k in cfg and (k == "seed" or cfg[k] != default[k])]
+    parts += [f"{flag} {cfg[k]}" for k, flag in flags.items() if k in cfg and (k == "seed" or cfg[k] != default[k])]
     return " ".join(parts)

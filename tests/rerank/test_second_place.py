@@ -101,7 +101,7 @@ def _two_gold_rows():
 def test_a_second_place_run_trains_on_the_questions_with_a_mistake_and_says_so(tmp_path, tiny_chain_reranker_dir):
     qs, ps = read_training_file(write_jsonl(tmp_path / "t.jsonl", _two_gold_rows()))
     cfg = TrainConfig(epochs=1, questions_per_step=2, negatives=2, max_length=48, question_tokens=16,
-                      context_tokens=12, heldout=0.25, lr=1e-3, head_lr=1e-2, second_place=True)
+                      context_tokens=12, heldout=0.25, lr=1e-3, head_lr=1e-2, second_place="first-hop")
     facts = train(qs, ps, tmp_path / "out", cfg, init=tiny_chain_reranker_dir, progress=False, half=False)
     sp = facts["second_place"]
     assert sp["mined"]["questions"] == 6 and sp["heldout_before"]["questions"] == 2
@@ -109,7 +109,7 @@ def test_a_second_place_run_trains_on_the_questions_with_a_mistake_and_says_so(t
     assert facts["train_questions"] == sp["mined"]["with_a_mistake"] >= 1  # only those are trained on
     assert facts["steps"] == -(-sp["mined"]["with_a_mistake"] // 2)
     card = (tmp_path / "out/model/MODEL_CARD.md").read_text()
-    assert "| second place |" in card and "--second-place" in card
+    assert "| second place |" in card and "--second-place first-hop" in card
 
 
 def test_the_cli_asks_for_a_context_with_second_place(tmp_path, capsys):
@@ -118,3 +118,27 @@ def test_the_cli_asks_for_a_context_with_second_place(tmp_path, capsys):
     train_file = write_jsonl(tmp_path / "t.jsonl", _two_gold_rows())
     with pytest.raises(SystemExit, match="--second-place reads the first hop as context: give --context-tokens"):
         main(["train-reranker", "--train", str(train_file), "--out", str(tmp_path / "o"), "--second-place", "--quiet"])
+
+
+def test_engine_mining_orders_the_mined_candidates_by_the_fused_score_after_the_gold_top_one():
+    from linearrag_torch.rerank.second_place import mine_engine_second_place
+
+    q_tok, p_tok = _tokens()
+    row_of = {k: i for i, k in enumerate("abcdef")}
+    # logits by passage: a 0, b 1, c 3, d 0.5, e 2, f 9; the graph's scores fall with its rank
+    reader = FirstTokenReader({10: 0.0, 11: 1.0, 12: 3.0, 13: 0.5, 14: 2.0, 15: 9.0})
+    questions = [TrainingQuestion("q0", ["a", "b"], ["c", "d", "e"], mined=[("a", 1.0), ("c", 0.5), ("b", 0.4), ("d", 0.2)]),
+                 TrainingQuestion("q1", ["a", "b"], ["c"], mined=[("c", 1.0), ("a", 0.9), ("b", 0.5)]),  # top not gold
+                 TrainingQuestion("q2", ["a", "f"], ["c"], mined=[("a", 1.0), ("c", 0.9), ("d", 0.5), ("f", 0.1)])]
+    settings = RerankerSettings(max_length=12, question_tokens=3, context_tokens=3)
+    fusion = RerankerSettings(w_model=1.0, w_rank=-2.0, w_score=0.0)  # fused = logit - 2 log(1 + rank)
+    got = mine_engine_second_place(reader, questions, [0, 1, 2], q_tok, p_tok, row_of, settings, fusion, 3, 102, 0,
+                                   progress=False)
+    assert set(got) == {0}  # q1: the top one is not gold; q2: no other gold among the top 3
+    # q0 after "a": c 3 - 2 log 2 = 1.61 above b 1 - 2 log 3 = -1.20 (a mistake); d (rank 3) is beyond the 3 candidates
+    assert got[0].context == "a" and got[0].positives == ["b"] and got[0].ranked == ["c"] and got[0].mistakes == 1
+    fusion_by_logit = RerankerSettings(w_model=1.0, w_rank=0.0, w_score=0.0)
+    q3 = [TrainingQuestion("q3", ["a", "b", "e"], ["c"], mined=[("a", 1.0), ("e", 0.5), ("c", 0.4), ("b", 0.3)])]
+    sp = mine_engine_second_place(reader, q3, [0], q_tok, p_tok, row_of, settings, fusion_by_logit, 4, 102, 0,
+                                  progress=False)[0]
+    assert sp.positives == ["e", "b"] and sp.mistakes == 1 and sp.first_is_gold is False  # c 3 > e 2 > b 1
