@@ -64,100 +64,87 @@ def first_hop(question: str, positives: list, passages: dict) -> str:
     return min(overlap)[2]
 
 
-@torch.no_grad()
 def mine_second_place(model, questions: list, positions: list, passages: dict, q_tok: QuestionTokens,
                       p_tok: PassageTokens, row_of: dict, settings, sep: int, pad: int, pairs_per_pass: int = 64,
                       progress: bool = True) -> dict:
     """{question position: SecondPlace} for the questions at ``positions`` with two or more gold passages:
     each of its other paragraphs scored by ``model`` after its first hop."""
-    from tqdm.auto import tqdm
-
-    jobs = []
+    jobs, golds = [], []
     for i in positions:
         q = questions[i]
         if len(q.positives) < 2:
             continue
         ctx = first_hop(q.question, q.positives, passages)
         others = [k for k in q.positives if k != ctx]
-        jobs.append((i, ctx, others, others + [k for k in q.negatives if k != ctx]))
-    dev = q_tok.ids.device
-    qs = torch.tensor([i for i, _, _, c in jobs for _ in c], dtype=torch.int64, device=dev)
-    rows = torch.tensor([row_of[k] for _, _, _, c in jobs for k in c], dtype=torch.int64, device=dev)
-    ctxs = torch.tensor([row_of[x] for _, x, _, c in jobs for _ in c], dtype=torch.int64, device=dev)
-    was_training = model.training
-    model.eval()
-    logits = []
-    ends = list(itertools.accumulate(len(c) for _, _, _, c in jobs))  # each question's last pair, plus one
-    bar = tqdm(total=len(jobs), desc="second place", unit="question", disable=not progress)
-    for s in range(0, qs.numel(), pairs_per_pass):
-        sl = slice(s, s + pairs_per_pass)
-        ids, mask, types = pair_inputs(q_tok, p_tok, qs[sl], rows[sl], settings.max_length, sep, pad, ctxs[sl],
-                                       settings.context_tokens)
-        keep = int(mask.sum(1).max())
-        logits.append(model(ids[:, :keep], mask[:, :keep], types[:, :keep]).float().cpu())
-        bar.n = bisect.bisect_right(ends, s + pairs_per_pass)
-        bar.refresh()
-    bar.close()
-    model.train(was_training)
-    lg = torch.cat(logits).tolist() if logits else []
-    out, at = {}, 0
-    for i, ctx, others, cands in jobs:
-        mine = lg[at:at + len(cands)]
-        at += len(cands)
-        worst_gold = min(mine[:len(others)])
-        negs = sorted(zip(mine[len(others):], range(len(cands) - len(others))), key=lambda t: (-t[0], t[1]))
-        ranked = [cands[len(others) + j] for _, j in negs]
-        out[i] = SecondPlace(ctx, others, ranked, sum(1 for v, _ in negs if v > worst_gold),
-                             max(mine[:len(others)]) >= (negs[0][0] if negs else float("-inf")))
-    return out
+        jobs.append((i, ctx, others + [k for k in q.negatives if k != ctx]))
+        golds.append(set(others))
+    logits = _pair_logits(model, jobs, q_tok, p_tok, row_of, settings, sep, pad, pairs_per_pass, progress)
+    return {i: _judge(ctx, keys, lg, gold) for (i, ctx, keys), lg, gold in zip(jobs, logits, golds)}
 
 
-@torch.no_grad()
 def mine_engine_second_place(model, questions: list, positions: list, q_tok: QuestionTokens, p_tok: PassageTokens,
                              row_of: dict, settings, fusion, candidates: int, sep: int, pad: int,
-                             progress: bool = True) -> dict:
+                             pairs_per_pass: int = 64, progress: bool = True) -> dict:
     """{question position: SecondPlace} for the questions at ``positions`` whose mined top candidate is gold and
     whose next ``candidates - 1`` hold another gold passage: each of those read after the top one, in the order of
     ``fusion``'s fused score (a RerankerSettings with the init model's weights)."""
-    from tqdm.auto import tqdm
-
     from .scoring import fuse
 
-    jobs = []
+    jobs, tops = [], []
     for i in positions:
         q = questions[i]
         gold = set(q.positives)
         top = q.mined[:candidates]
         if len(top) < 2 or top[0][0] not in gold or not any(k in gold for k, _ in top[1:]):
             continue
-        jobs.append((i, top))
-    dev = q_tok.ids.device
+        jobs.append((i, top[0][0], [k for k, _ in top[1:]]))
+        tops.append(top)
+    logits = _pair_logits(model, jobs, q_tok, p_tok, row_of, settings, sep, pad, pairs_per_pass, progress)
     out = {}
+    for (i, ctx, keys), lg, top in zip(jobs, logits, tops):
+        # the top one's own logit does not enter the order of the others: a 0 in its column keeps their ranks
+        fused = fuse(fusion, torch.tensor([[0.0] + lg]), torch.tensor([[sc for _, sc in top]]))[0, 1:].tolist()
+        out[i] = _judge(ctx, keys, fused, set(questions[i].positives))
+    return out
+
+
+@torch.no_grad()
+def _pair_logits(model, jobs: list, q_tok: QuestionTokens, p_tok: PassageTokens, row_of: dict, settings, sep: int,
+                 pad: int, pairs_per_pass: int, progress: bool) -> list:
+    """For each job (question position, context key, candidate keys), ``model``'s logit of each candidate read after
+    the context, in passes of ``pairs_per_pass`` pairs; the model's training mode is left as it was found."""
+    from tqdm.auto import tqdm
+
+    dev = q_tok.ids.device
+    qs = torch.tensor([i for i, _, c in jobs for _ in c], dtype=torch.int64, device=dev)
+    rows = torch.tensor([row_of[k] for _, _, c in jobs for k in c], dtype=torch.int64, device=dev)
+    ctxs = torch.tensor([row_of[x] for _, x, c in jobs for _ in c], dtype=torch.int64, device=dev)
+    ends = list(itertools.accumulate(len(c) for _, _, c in jobs))  # each job's last pair, plus one
     was_training = model.training
     model.eval()
-    for s in tqdm(range(0, len(jobs), 16), desc="second place (engine)", unit="batch", disable=not progress):
-        part = jobs[s:s + 16]
-        qs = torch.tensor([i for i, top in part for _ in top[1:]], dtype=torch.int64, device=dev)
-        rows = torch.tensor([row_of[k] for _, top in part for k, _ in top[1:]], dtype=torch.int64, device=dev)
-        ctxs = torch.tensor([row_of[top[0][0]] for _, top in part for _ in top[1:]], dtype=torch.int64, device=dev)
-        ids, mask, types = pair_inputs(q_tok, p_tok, qs, rows, settings.max_length, sep, pad, ctxs,
+    parts = []
+    bar = tqdm(total=len(jobs), desc="second place", unit="question", disable=not progress)
+    for s in range(0, qs.numel(), pairs_per_pass):
+        sl = slice(s, s + pairs_per_pass)
+        ids, mask, types = pair_inputs(q_tok, p_tok, qs[sl], rows[sl], settings.max_length, sep, pad, ctxs[sl],
                                        settings.context_tokens)
         keep = int(mask.sum(1).max())
-        lg = model(ids[:, :keep], mask[:, :keep], types[:, :keep]).float().cpu().tolist()
-        at = 0
-        for i, top in part:
-            n = len(top) - 1
-            logits = torch.tensor([[0.0] + lg[at:at + n]])  # the top one's own logit does not enter the order below
-            at += n
-            fused = fuse(fusion, logits, torch.tensor([[sc for _, sc in top]]))[0, 1:].tolist()
-            gold = set(questions[i].positives)
-            keys = [k for k, _ in top[1:]]
-            g = [f for k, f in zip(keys, fused) if k in gold]
-            negs = sorted(((f, j) for j, (k, f) in enumerate(zip(keys, fused)) if k not in gold), key=lambda t: (-t[0], t[1]))
-            out[i] = SecondPlace(top[0][0], [k for k in keys if k in gold], [keys[j] for _, j in negs],
-                                 sum(1 for f, _ in negs if f > min(g)), max(g) >= (negs[0][0] if negs else float("-inf")))
+        parts.append(model(ids[:, :keep], mask[:, :keep], types[:, :keep]).float().cpu())
+        bar.n = bisect.bisect_right(ends, s + pairs_per_pass)
+        bar.refresh()
+    bar.close()
     model.train(was_training)
-    return out
+    flat = torch.cat(parts).tolist() if parts else []
+    return [flat[e - len(c):e] for (_, _, c), e in zip(jobs, ends)]
+
+
+def _judge(context: str, keys: list, scores: list, gold: set) -> SecondPlace:
+    """The SecondPlace of candidates ``keys`` with ``scores`` read after ``context``: the gold ones in their order,
+    the others by score (hardest first, ties in their order), and those above the weakest gold one counted."""
+    g = [v for k, v in zip(keys, scores) if k in gold]
+    negs = sorted(((v, j) for j, (k, v) in enumerate(zip(keys, scores)) if k not in gold), key=lambda t: (-t[0], t[1]))
+    return SecondPlace(context, [k for k in keys if k in gold], [keys[j] for _, j in negs],
+                       sum(1 for v, _ in negs if v > min(g)), max(g) >= (negs[0][0] if negs else float("-inf")))
 
 
 def second_place_group(sp: SecondPlace, row_of: dict, negatives: int) -> tuple[list, int, list]:
