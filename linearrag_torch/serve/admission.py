@@ -74,10 +74,13 @@ class Admission:
         self.max_work = float(max_work or 4 * max_concurrent)
         self.share = {"heavy": heavy_share, "light": 1.0 - heavy_share}
         # places beyond max_concurrent that only heavy requests keep: taken before the body says which class a
-        # request is, given back refused by a light one once it does; without them the light clients, answered
-        # fast and back at once, take every place that frees and a heavy request never finds one
+        # request is; once it does, a light request is let on only while fewer than max_concurrent light ones are
+        # (whichever place it took: a heavy request in one of the first max_concurrent leaves a heavy place free).
+        # Without them the light clients, answered fast and back at once, take every place that frees and a heavy
+        # request never finds one
         self.heavy_places = round(heavy_share * max_concurrent)
         self.in_flight = 0  # requests admitted and not answered
+        self.light_in_flight = 0  # ... of them, those whose body showed them light (``take``)
         self.questions = 0  # work units of the questions submitted to the engine host and not answered (a plain
         # question is one unit)
         self.heavy_questions = 0.0  # ... of them, those of heavy requests
@@ -119,13 +122,13 @@ class Admission:
         return min(self.questions + questions, light / (1.0 - self.share["heavy"])) * spq
 
     def refusal(self, deadline: float, questions: float = 1, admitted: bool = False,
-                cost: float | None = None, reserved: bool = False) -> tuple[str, int] | None:
+                cost: float | None = None) -> tuple[str, int] | None:
         """None when a request of ``questions`` units may go on now, else (the reason, Retry-After seconds).
         ``admitted``: the request already holds its place (the second check, once its body is parsed), where
-        ``cost`` (its units) is checked against the budget too; ``reserved``: that place is one of the
-        ``heavy_places`` beyond ``max_concurrent`` (``reserves``), which a light request gives back refused."""
+        ``cost`` (its units) is checked against the budget too, and a light request against the light places."""
         if (not admitted and self.in_flight >= self.max_concurrent + self.heavy_places) or (
-                admitted and reserved and cost is not None and self.kind(cost) == "light"):
+                admitted and cost is not None and self.kind(cost) == "light"
+                and self.light_in_flight >= self.max_concurrent):
             # a place frees when a request in flight is answered: at the latest when all inside are; the crowd
             # refused before this one is let in at the engine's pace
             self._count_refusal()
@@ -141,10 +144,6 @@ class Admission:
             return (f"the queue would hold it ~{wait:.1f} s, past its {deadline:g} s deadline",
                     retry_after(wait - deadline))
         return None
-
-    def reserves(self) -> bool:
-        """Whether a place taken now is one of the heavy requests' reserved places."""
-        return self.in_flight >= self.max_concurrent
 
     @staticmethod
     def kind(cost: float) -> str:
@@ -181,10 +180,12 @@ class Admission:
         """The budget held by an admitted request of ``cost`` units until ``give_back``."""
         ticket = (self.kind(cost), self.held(cost))
         self.work[ticket[0]] += ticket[1]
+        self.light_in_flight += ticket[0] == "light"
         return ticket
 
     def give_back(self, ticket: tuple[str, float]) -> None:
         self.work[ticket[0]] = max(0.0, self.work[ticket[0]] - ticket[1])
+        self.light_in_flight -= ticket[0] == "light"
 
     def _count_refusal(self) -> None:
         """Counts a refusal by count in its second's bucket, dropping the buckets past CROWD_WINDOW_S (a refusal

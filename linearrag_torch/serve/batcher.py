@@ -14,13 +14,19 @@ measured pace, in the time of a recent light batch, so a light request waits beh
 worth of heavy work (the units are a model of the cost; a long question at a large top_k may cost five times
 what its units say). While both classes wait, a batch starts from the class below its share of the engine's
 recent seconds (``heavy_share``), counted per class with an exponential decay over SERVED_TAU_S seconds of
-engine time. A request that gave up (timeout, client gone) before
-its batch formed is dropped from the queue and costs no engine time.
+engine time, and a heavy part rides in a light batch (where the settings match) only while the heavy requests
+are below that share: riding in every light batch, one long question each, they took a third of the engine in
+the heavy mix. A request that gave up (timeout, client gone) before its batch formed is dropped from the queue
+and costs no engine time.
 
 With ``gather_ms`` > 0 a batch also waits, after the engine finished its last call, up to gather_ms and
 at most GATHER_SHARE of that call's duration (so the engine idles at most that share of its time, and a
-fast GPU engine waits little), while fewer questions are queued than were in the server at once over the
-last second (its recent concurrency): the clients just answered are about to send their next questions.
+fast GPU engine waits little), while fewer questions are queued than were inside when that call ended (those
+it answered and those queued): the clients just answered are about to send their next questions. A request in
+parts counts its current part (its next one is queued at once), and not at its end (its client's next heavy
+request waits for its share at the admission). Counted over the last second instead (the most inside at once),
+a heavy request's questions and every brief peak made each batch wait its whole allowance in vain: 9-20% of the
+engine's time idle in the heavy mix (benchmarks/serve_hostile.py).
 Without it, closed-loop clients split into two halves that alternate on the engine (each half queues
 while the other's batch runs), and every batch holds half of them.
 
@@ -39,7 +45,6 @@ from typing import Callable, Hashable, Sequence
 
 # run_batch(key, questions) -> one result per question, called on the engine thread
 RunBatch = Callable[[Hashable, list], list]
-PEAK_WINDOW_S = 1.0  # gather_ms: the recent concurrency is the most questions inside over about this long
 SERVED_TAU_S = 10.0  # the engine seconds each class ran count with weight exp(-engine seconds since / this): a
 # decay per batch instead let a heavy part of seconds count as little as a light batch of a tenth of that
 PACE_WEIGHT = 0.3  # the paces (seconds per unit of heavy parts, seconds of a light batch): this weight to the last
@@ -55,6 +60,7 @@ class _Entry:
     work: float = 0.0
     enqueued: float = field(default_factory=time.perf_counter)
     heavy: bool = False  # a part of a request of more than heavy_cost units
+    last: bool = True  # the last part of its request (after it, its client has its answer)
 
 
 @dataclass
@@ -67,6 +73,7 @@ class BatchStats:
     engine_s: float  # seconds of the engine call
     error: BaseException | None = None
     work: float | None = None  # work units of the batch (None: not counted; a question is one)
+    heavy_work: float = 0.0  # ... of them, those of heavy requests' parts
 
 
 class Batcher:
@@ -93,11 +100,13 @@ class Batcher:
         self._heavy_pace: float | None = None  # engine seconds per unit of the recent heavy parts
         self._light_batch_s: float | None = None  # engine seconds of the recent light batches
         self._light_ran_at = float("-inf")  # when the last light batch ended
+        self._heavy_inside = 0  # heavy requests submitted and not answered
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait_ms / 1000.0
         self.gather = gather_ms / 1000.0
-        self._inside = 0  # questions submitted and not yet answered
-        self._peak = (0, 0.0)  # (most questions inside at once, since when) over the last PEAK_WINDOW_S
+        self._inside = 0  # questions queued or in the engine (a request in parts: its current part)
+        self._coming = 0  # gather_ms: the questions expected in the next batch (those waiting and the clients'
+        # just answered, as counted when the engine finished its last call)
         self._engine_free_at = 0.0  # when the engine finished its last call
         self._gather_for = 0.0  # how long after it the next batch may wait (gather_ms)
         self.on_batch = on_batch
@@ -139,16 +148,17 @@ class Batcher:
             raise RuntimeError("the batcher is not running")
         loop = asyncio.get_running_loop()
         questions = list(questions)
-        self._inside += len(questions)
-        self._note_peak()
         results = []
         costs = [1.0] * len(questions) if self.cost is None else [self.cost(key, q) for q in questions]
         heavy = self.cost is not None and sum(costs) > self.heavy_cost
+        if heavy:
+            self._arrives_heavy()
         try:
-            for part, work in self._parts(questions, costs, heavy):
-                e = _Entry(key, part, loop.create_future(), work, heavy=heavy)
+            for part, work, last in self._parts(questions, costs, heavy):
+                e = _Entry(key, part, loop.create_future(), work, heavy=heavy, last=last)
                 self._queue.append(e)
                 self._waiting += len(part)
+                self._inside += len(part)  # a request in parts counts its current part: the next batch's share
                 self._wake.set()
                 try:
                     results += await e.future
@@ -156,20 +166,32 @@ class Batcher:
                     e.future.cancel()
                     self._drop_cancelled()  # out of the queue (and its count) now, not when the engine is next free
                     raise
+                finally:
+                    self._inside -= len(part)
         finally:
-            self._inside -= len(questions)
+            self._heavy_inside -= heavy
         return results
 
+    def _arrives_heavy(self) -> None:
+        """A heavy request comes in. Into an idle heavy class it brings no credit: its engine seconds are lifted to
+        its share of the light ones' (they decay with engine time, and a quiet spell of light batches let the first
+        heavy request after it run part after part, seconds of them, while light requests waited)."""
+        if self._heavy_inside == 0 and self.heavy_share is not None:
+            fair = self.heavy_share / (1.0 - self.heavy_share) * self._served[False]
+            self._served[True] = max(self._served[True], fair)
+        self._heavy_inside += 1
+
     def _parts(self, questions: list, costs: list, heavy: bool):
-        """(part, its work) of at most max_batch_size questions and ``_part_units(heavy)`` units each (at least one
-        question), each sized when the one before it is answered (a generator: the paces it reads are current)."""
+        """(part, its work, whether it is the last) of at most max_batch_size questions and ``_part_units(heavy)``
+        units each (at least one question), each sized when the one before it is answered (a generator: the paces
+        it reads are current)."""
         start = 0
         while start < len(questions):
             limit, work, end = self._part_units(heavy), costs[start], start + 1
             while end < len(questions) and end - start < self.max_batch_size and work + costs[end] <= limit:
                 work += costs[end]
                 end += 1
-            yield questions[start:end], work
+            yield questions[start:end], work, end == len(questions)
             start = end
 
     def _part_units(self, heavy: bool) -> float:
@@ -180,21 +202,10 @@ class Batcher:
             return float(self.max_batch_size)
         return min(float(self.max_batch_size), self._light_batch_s / self._heavy_pace)
 
-    def _note_peak(self) -> None:
-        now = time.perf_counter()
-        most, since = self._peak
-        if self._inside >= most or now - since > PEAK_WINDOW_S:
-            self._peak = (self._inside, now)
-
-    def recent_concurrency(self) -> int:
-        """The most questions inside the server at once over about the last PEAK_WINDOW_S seconds."""
-        most, since = self._peak
-        return most if time.perf_counter() - since <= PEAK_WINDOW_S else self._inside
-
     def _gathering(self, now: float) -> bool:
         """Whether to wait for the clients just answered (module docstring, gather_ms)."""
         return (now - self._engine_free_at < self._gather_for
-                and self._waiting < min(self.recent_concurrency(), self.max_batch_size))
+                and self._waiting < min(self._coming, self.max_batch_size))
 
     async def call(self, fn: Callable, *args):
         """Run ``fn(*args)`` on the engine thread (between batches) and return its result."""
@@ -244,6 +255,10 @@ class Batcher:
             self._engine_free_at = time.perf_counter()
             engine_s = self._engine_free_at - t0
             self._gather_for = min(self.gather, GATHER_SHARE * engine_s)
+            # those waiting and those answered now (the answered are still inside until their awaiters run), but the
+            # end of a heavy request: its client's next heavy request waits for its share at the admission
+            self._coming = self._inside - sum(len(e.questions) for e in batch
+                                              if e.heavy and e.last and not e.future.done())
             pos = 0
             for e in batch:
                 if not e.future.done():
@@ -255,7 +270,8 @@ class Batcher:
             self._account(batch, engine_s, error is None)
             if self.on_batch is not None:
                 self.on_batch(BatchStats(len(questions), len(batch), waits, engine_s, error,
-                                         sum(e.work for e in batch) if self.cost is not None else None))
+                                         sum(e.work for e in batch) if self.cost is not None else None,
+                                         sum(e.work for e in batch if e.heavy)))
 
     def _account(self, batch: list[_Entry], engine_s: float, ok: bool) -> None:
         """The engine's seconds of a batch, shared by its entries' classes in proportion to their work (older
@@ -292,8 +308,11 @@ class Batcher:
         oldest = self._queue[0]
         if self.heavy_share is None:
             return oldest
-        heavy_first = self._served[True] < self.heavy_share * (self._served[True] + self._served[False])
-        return next((e for e in self._queue if e.heavy == heavy_first), oldest)
+        return next((e for e in self._queue if e.heavy == self._heavy_below_share()), oldest)
+
+    def _heavy_below_share(self) -> bool:
+        """Whether the heavy requests have had less than their share of the engine's recent time."""
+        return self._served[True] < self.heavy_share * (self._served[True] + self._served[False])
 
     def _take(self) -> list[_Entry]:
         """The head entry (``_head``) and, in FIFO order, the next entries with its key that still fit (in
@@ -303,11 +322,14 @@ class Batcher:
             return []
         head = self._head()
         key = head.key
+        # a light batch takes no heavy part while the heavy ones have had their share: riding along in every light
+        # batch, one heavy question each, they took a third of the engine in the heavy mix
+        heavy_ok = head.heavy or self.heavy_share is None or self._heavy_below_share()
         batch, rest, n, work = [head], deque(), len(head.questions), head.work
         for e in self._queue:
             if e is head:
                 continue
-            if e.key == key and n + len(e.questions) <= self.max_batch_size and \
+            if e.key == key and n + len(e.questions) <= self.max_batch_size and (heavy_ok or not e.heavy) and \
                     (not batch or self.cost is None or work + e.work <= self.max_batch_size):
                 batch.append(e)
                 n += len(e.questions)

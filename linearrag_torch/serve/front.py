@@ -69,11 +69,10 @@ def _header(scope, name: bytes) -> bytes | None:
 class Place:
     """A request's place among the ``max_concurrent`` in flight; ``release()`` gives it back (once)."""
 
-    __slots__ = ("front", "deadline", "held", "reserved")
+    __slots__ = ("front", "deadline", "held")
 
     def __init__(self, front: "HTTPFront", deadline: float):
         self.front, self.deadline, self.held = front, deadline, True
-        self.reserved = front.admission.reserves()  # one of the heavy requests' places (admission.py)
         front.admission.in_flight += 1
         front.metrics.in_flight.inc()
 
@@ -210,7 +209,7 @@ class HTTPFront:
         ticket = None
         try:
             cost = self.cost(req)
-            refused = self.admission.refusal(place.deadline, cost, admitted=True, cost=cost, reserved=place.reserved)
+            refused = self.admission.refusal(place.deadline, cost, admitted=True, cost=cost)
             if refused is not None:
                 raise self._overloaded(*refused)
             ticket = self.admission.take(cost)

@@ -30,6 +30,10 @@ class Metrics:
         self.stage_seconds = Histogram("stage_seconds", "Time of one stage of an engine call (ner, lexicon, encoder, "
                                        "graph, rerank)", ["stage"], namespace=namespace, registry=r,
                                        buckets=LATENCY_BUCKETS)
+        self.class_seconds = Counter("engine_class_seconds", "Engine seconds by request class (light, heavy: over 8 "
+                                     "work units, serve/admission.py); a batch holding both shares its seconds in "
+                                     "proportion to their work units", ["class"], namespace=namespace, registry=r)
+        self._class_child = {c: self.class_seconds.labels(c) for c in ("light", "heavy")}
         self.in_flight = Gauge("in_flight_requests", "Requests being answered now", namespace=namespace, registry=r)
         self.queued = Gauge("queued_questions", "Questions waiting for a batch", namespace=namespace, registry=r)
         self.questions = Counter("questions_total", "Questions answered", namespace=namespace, registry=r)
@@ -64,6 +68,9 @@ class Metrics:
         self.engine_seconds.observe(stats.engine_s)
         for w in stats.queue_waits:
             self.queue_seconds.observe(w)
+        heavy = stats.heavy_work / stats.work if stats.work else 0.0
+        self._class_child["heavy"].inc(stats.engine_s * heavy)
+        self._class_child["light"].inc(stats.engine_s * (1.0 - heavy))
         if stats.error is None:
             self.questions.inc(stats.size)
         else:

@@ -217,3 +217,39 @@ def test_gather_does_not_delay_a_lone_client():
     assert [len(q) for _, q in rec.batches] == [1] * 5
     with pytest.raises(ValueError, match="gather_ms"):
         Batcher(rec, gather_ms=-1)
+
+
+def test_gather_does_not_wait_for_the_rest_of_a_request_in_parts():
+    """Closed-loop clients beside a heavy request split into parts: a batch waits for the clients just answered and
+    that request's next part, not for all its questions (counted, they made every batch wait its whole allowance,
+    a quarter of the last call's time, in vain: 9-20% of the engine idle in the heavy mix)."""
+    starts = []
+
+    def run_batch(key, questions):
+        starts.append((time.perf_counter(), list(questions)))
+        time.sleep(0.06)
+        return questions
+
+    async def client(b, c, stop):
+        r = 0
+        while not stop.is_set():
+            await b.submit("cfg", [f"c{c}r{r}"])
+            r += 1
+
+    async def main():
+        b = Batcher(run_batch, max_batch_size=16, gather_ms=1000, heavy_share=0.5, heavy_cost=7,
+                    cost=lambda key, q: 2.0 if q.startswith("big") else 1.0)  # the allowance: 15 ms
+        b.start()
+        stop = asyncio.Event()
+        clients = [asyncio.ensure_future(client(b, c, stop)) for c in range(3)]
+        await asyncio.sleep(0.2)  # the light batches' time is known: the big request goes in parts
+        await b.submit("cfg", [f"big{i}" for i in range(40)])
+        stop.set()
+        await asyncio.gather(*clients)
+        await b.stop()
+
+    run(main())
+    with_big = [i for i, (_, q) in enumerate(starts) if any(x.startswith("big") for x in q)]
+    assert len(with_big) >= 4  # in parts
+    gaps = [starts[i][0] - starts[i - 1][0] - 0.06 for i in with_big[1:]]
+    assert sorted(gaps)[len(gaps) // 2] < 0.008, gaps  # the median gap: no allowance spent waiting

@@ -26,21 +26,34 @@ def test_a_requests_cost_by_hand():
 
 def test_places_beyond_max_concurrent_are_kept_only_by_heavy_requests():
     """Light clients answered fast and back at once take every place that frees: the heavy requests' places
-    beyond max_concurrent (heavy_share of it) are taken before the body is read, and given back refused by a
-    request that turns out light."""
+    beyond max_concurrent (heavy_share of it) are taken before the body is read, and a request whose body shows it
+    light goes on only while fewer than max_concurrent light ones are in (a heavy request in one of the first
+    max_concurrent places leaves a heavy place to a light one: it cost the light ones a place each in the mix)."""
     a = Admission(max_concurrent=4, max_work=64, heavy_share=0.5)  # 2 heavy places beyond the 4
     assert a.heavy_places == 2
-    a.in_flight = 3
-    assert not a.reserves() and a.refusal(30.0) is None  # the 4th place: anyone's
-    a.in_flight = 4
-    assert a.reserves() and a.refusal(30.0) is None  # the 5th: taken for now
-    why, _ = a.refusal(30.0, 1.0, admitted=True, cost=1.0, reserved=True)  # ... a light request gives it back
+    tickets = []
+    for _ in range(3):  # three light requests in
+        a.in_flight += 1
+        assert a.refusal(30.0, 1.0, admitted=True, cost=1.0) is None
+        tickets.append(a.take(1.0))
+    assert a.light_in_flight == 3
+    a.in_flight += 1  # the 4th place: a heavy request's
+    assert a.refusal(30.0, 10.0, admitted=True, cost=10.0) is None
+    heavy = a.take(10.0)
+    assert a.refusal(30.0) is None  # the 5th place, taken before the body
+    a.in_flight += 1  # ... by a light request, the 4th light one: it goes on
+    assert a.refusal(30.0, 1.0, admitted=True, cost=1.0) is None
+    tickets.append(a.take(1.0))
+    a.in_flight += 1  # the 6th: a 5th light request gives it back
+    why, _ = a.refusal(30.0, 1.0, admitted=True, cost=1.0)
     assert "more than 4 requests in flight" in why
-    assert a.refusal(30.0, 10.0, admitted=True, cost=10.0, reserved=True) is None  # a heavy one keeps it
-    assert a.refusal(30.0, 1.0, admitted=True, cost=1.0, reserved=False) is None  # a light one in its own place
-    a.in_flight = 6
+    assert a.refusal(30.0, 10.0, admitted=True, cost=10.0) is None  # ... a heavy one keeps it
     why, _ = a.refusal(30.0)  # 4 + 2 places taken: refused before the body
     assert "more than 4 requests in flight" in why
+    a.give_back(tickets.pop())
+    assert a.light_in_flight == 3 and a.refusal(30.0, 1.0, admitted=True, cost=1.0) is None
+    a.give_back(heavy)
+    assert a.work == {"light": 3.0, "heavy": 0.0}
     assert Admission(max_concurrent=4, heavy_share=0.0).heavy_places == 0
 
 
@@ -149,6 +162,16 @@ def test_while_both_classes_wait_the_batch_starts_from_the_one_below_its_share_o
         b._served = {False: 3.0, True: 0.5}  # heavy 14% < 25%: the heavy part
         b._queue.append(light)
         assert b._take() == [heavy]
+        # a heavy part small enough to ride in a light batch rides only while the heavy ones are below their share
+        # (one heavy question in every light batch took a third of the engine in the heavy mix)
+        small = _Entry((), ["h"], loop.create_future(), 4.0, heavy=True)
+        b._queue.clear()
+        b._queue.extend([light, small])
+        b._served = {False: 3.0, True: 1.5}
+        assert b._take() == [light] and list(b._queue) == [small]
+        b._queue.append(light)
+        b._served = {False: 3.0, True: 0.5}
+        assert b._take() == [small, light]
         b._queue.clear()
         b._queue.extend([heavy, light])
         b.heavy_share = None  # without a share: the oldest, as before
@@ -185,7 +208,7 @@ def test_served_seconds_decay_with_engine_time_and_heavy_parts_shrink_to_a_light
     loop = asyncio.new_event_loop()
     try:
         b = Batcher(lambda key, qs: qs, max_batch_size=8, cost=lambda key, q: 4.0, heavy_share=0.25, heavy_cost=7)
-        assert list(b._parts(["a", "b", "c"], [4.0, 4.0, 4.0], True)) == [(["a", "b"], 8.0), (["c"], 4.0)]
+        assert list(b._parts(["a", "b", "c"], [4.0, 4.0, 4.0], True)) == [(["a", "b"], 8.0, False), (["c"], 4.0, True)]
         b._served = {False: 2.0, True: 1.0}
         b._account([_Entry((), ["h", "h"], loop.create_future(), 8.0, heavy=True)], 10.0, True)
         e = math.exp(-10.0 / SERVED_TAU_S)
@@ -196,8 +219,9 @@ def test_served_seconds_decay_with_engine_time_and_heavy_parts_shrink_to_a_light
         b._account([_Entry((), ["l"], loop.create_future(), 1.0)], 1.0, True)
         assert b._light_batch_s == pytest.approx((1 - PACE_WEIGHT) * 0.5 + PACE_WEIGHT * 1.0)
         assert b._part_units(True) == pytest.approx(b._light_batch_s / 1.25) and b._part_units(False) == 8.0
-        assert list(b._parts(["a", "b", "c"], [4.0, 4.0, 4.0], True)) == [(["a"], 4.0), (["b"], 4.0), (["c"], 4.0)]
-        assert list(b._parts(["a", "b", "c"], [0.2, 0.2, 0.2], True)) == [(["a", "b"], 0.4), (["c"], 0.2)]
+        assert list(b._parts(["a", "b", "c"], [4.0, 4.0, 4.0], True)) == [
+            (["a"], 4.0, False), (["b"], 4.0, False), (["c"], 4.0, True)]
+        assert list(b._parts(["a", "b", "c"], [0.2, 0.2, 0.2], True)) == [(["a", "b"], 0.4, False), (["c"], 0.2, True)]
         b._account([_Entry((), ["h"], loop.create_future(), 8.0, heavy=True)], 4.0, False)  # a failed batch: no pace
         assert b._heavy_pace == pytest.approx(10.0 / 8)
     finally:
@@ -244,4 +268,45 @@ def test_a_server_lends_the_light_share_to_heavy_requests_until_a_light_one_is_r
         assert service.front.admission.work == {"light": 0.0, "heavy": 0.0}
         info = httpx.get(url + "/info", timeout=TIMEOUT).json()["admission"]
         assert info["max_work"] == 16 and info["work_inside"] == {"light": 0.0, "heavy": 0.0}
+        # the engine's seconds by class: each call here sleeps 1.5 s; two heavy requests and one light one answered
+        # (the light one in a call of its own, or in a heavy one's with its share of that call's units)
+        from prometheus_client.parser import text_string_to_metric_families
 
+        seconds = {s.labels["class"]: s.value for f in text_string_to_metric_families(httpx.get(url + "/metrics").text)
+                   if f.name == "linearrag_engine_class_seconds" for s in f.samples if s.name.endswith("_total")}
+        assert seconds["heavy"] > seconds["light"] > 0 and seconds["heavy"] + seconds["light"] >= 2 * 1.5, seconds
+
+
+
+def test_a_heavy_request_into_an_idle_heavy_class_brings_no_credit():
+    """After a spell of light batches only, the heavy class's decayed seconds are far below its share: the first
+    heavy request after it ran part after part (2 s of them in the reranked heavy mix) while light ones waited.
+    It comes in at its share of the light seconds instead; one that comes while another is inside is not lifted."""
+    b = Batcher(lambda key, qs: qs, max_batch_size=8, cost=lambda key, q: 1.0, heavy_share=0.25, heavy_cost=7)
+    b._served = {False: 9.0, True: 0.5}
+    b._arrives_heavy()
+    assert b._served[True] == pytest.approx(0.25 / 0.75 * 9.0) and not b._heavy_below_share()
+    b._served[True] = 1.0  # it ran, time passed: a second heavy request while the first is inside keeps the count
+    b._arrives_heavy()
+    assert b._served[True] == 1.0 and b._heavy_inside == 2
+    b._heavy_inside = 0
+    b._served = {False: 1.0, True: 5.0}  # above its share already: unchanged
+    b._arrives_heavy()
+    assert b._served[True] == 5.0
+
+    async def main():  # the count of heavy requests inside comes back to 0, answered or cancelled
+        c = Batcher(lambda key, qs: (time.sleep(0.05), qs)[1], max_batch_size=2, heavy_share=0.25, heavy_cost=3,
+                    cost=lambda key, q: 1.0)
+        c.start()
+        await c.submit((), ["a", "b", "c", "d"])
+        assert c._heavy_inside == 0
+        task = asyncio.ensure_future(c.submit((), ["a", "b", "c", "d"]))
+        await asyncio.sleep(0.01)
+        assert c._heavy_inside == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert c._heavy_inside == 0
+        await c.stop()
+
+    asyncio.run(main())
