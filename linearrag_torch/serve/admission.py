@@ -20,7 +20,8 @@ would refuse every request from then on.
 By work: a request's cost is the work it brings (as TEI's queue counts tokens, not requests), the sum over its
 questions of ``question_cost``: one unit for a question of up to UNIT_CHARS characters at a top_k up to
 LIGHT_TOP_K without rerank, more in proportion to its length and its top_k beyond those, (1 + RERANK_WEIGHT) times
-with rerank. The pace is measured per unit (the batcher reports each batch's work), the time check counts the
+with rerank over the default RERANK_PAIRS pairs, the weight in proportion to the pairs the reranker reads (a fuzzed
+request of 29 questions at rerank_candidates 27 took 11 s on two cores, 3x what the default's weight said). The pace is measured per unit (the batcher reports each batch's work), the time check counts the
 units inside, and the units of the requests admitted and not answered are bounded by a budget (``max_work``),
 shared by two classes: a request costing more than HEAVY_COST units is heavy. Each class has its share of the
 budget (``heavy_share`` for the heavy ones, the rest for the light ones; a request larger than its class's share
@@ -48,13 +49,23 @@ CROWD_WINDOW_S = 5  # refusals by count in about this many seconds are the crowd
 MAX_RETRY_AFTER_S = 60  # the longest Retry-After the crowd asks for
 UNIT_CHARS = 150  # a question counts one unit per this many characters (at least one)
 LIGHT_TOP_K = 50  # ... times top_k / this beyond it (the hits' serialisation)
-RERANK_WEIGHT = 20  # ... times 1 + this with rerank (the cross-encoder over its candidates)
+RERANK_WEIGHT = 20  # ... times 1 + this with rerank (the cross-encoder over its candidates) ...
+RERANK_PAIRS = 10  # ... over this many pairs a question (the defaults: 5 in the chain round, 5 in the final list)
 HEAVY_COST = 8  # a request of more units is heavy (its class's share of the budget)
 
 
-def question_cost(chars: int, top_k: int, rerank: bool) -> float:
-    """Work units of one question of ``chars`` characters at ``top_k``, with or without rerank."""
-    return max(1.0, chars / UNIT_CHARS) * max(1.0, top_k / LIGHT_TOP_K) * (1 + RERANK_WEIGHT * bool(rerank))
+def question_cost(chars: int, top_k: int, rerank: bool, pairs: int = RERANK_PAIRS) -> float:
+    """Work units of one question of ``chars`` characters at ``top_k``, with or without rerank (over ``pairs``
+    question-passage pairs: ``rerank_pairs``)."""
+    return max(1.0, chars / UNIT_CHARS) * max(1.0, top_k / LIGHT_TOP_K) * (
+        1 + RERANK_WEIGHT * bool(rerank) * pairs / RERANK_PAIRS)
+
+
+def rerank_pairs(cfg) -> int:
+    """The pairs the reranker reads for one question with the retrieval settings ``cfg`` (a RetrievalConfig): the
+    final list's candidates, and the loop's in each chain round."""
+    loop = cfg.rerank_loop_candidates * cfg.chain_rounds if cfg.chain_passages > 0 else 0
+    return cfg.rerank_candidates + loop
 
 
 def request_cost(questions, top_k: int, rerank: bool) -> float:

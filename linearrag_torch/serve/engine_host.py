@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Callable
 
 from .. import __version__
+from ..config import RetrievalConfig
 from ..retrieval.memory import parse_bytes, release_freed_memory, status_bytes
-from .admission import HEAVY_COST, question_cost
+from .admission import HEAVY_COST, RERANK_PAIRS, question_cost, rerank_pairs
 from .batcher import Batcher
 from .metrics import Metrics
 from .settings import ServeSettings
@@ -46,6 +47,7 @@ class LocalEngineHost:
                  metrics: Metrics | None = None, batcher: Callable | None = None):
         if index_dir is None and rag is None:
             raise ValueError("give an index folder or a loaded LinearRAG")
+        self._pairs = {}  # reranker pairs a question by retrieval settings (question_cost)
         self.settings = settings or ServeSettings()
         self.index_dir = Path(index_dir) if index_dir is not None else None
         self.rag = rag
@@ -80,11 +82,24 @@ class LocalEngineHost:
         return await self.batcher.submit(key, items)
 
     def question_cost(self, key: tuple, item) -> float:
-        """Work units of one (question, top_k) with the retrieval settings ``key`` (serve/admission.py)."""
-        rerank = dict(key).get("rerank")
+        """Work units of one (question, top_k) with the retrieval settings ``key`` (serve/admission.py): with
+        rerank, over the pairs the reranker will read (the key's settings, else the index's)."""
+        settings = dict(key)
+        rerank = settings.get("rerank")
         if rerank is None:
             rerank = self.settings.rerank or bool(self.rag is not None and getattr(self.rag.config, "rerank", False))
-        return question_cost(len(item[0]), item[1], rerank)
+        if not rerank:
+            return question_cost(len(item[0]), item[1], False)
+        pairs = self._pairs.get(key)
+        if pairs is None:  # (once per settings: the batcher asks for every question)
+            base = self.rag.config if self.rag is not None else RetrievalConfig()
+            known = {k: v for k, v in settings.items() if k in RetrievalConfig.__dataclass_fields__}
+            try:
+                pairs = rerank_pairs(base.replace(**known))
+            except (TypeError, ValueError):  # settings the engine will refuse: the default's weight meanwhile
+                pairs = RERANK_PAIRS
+            self._pairs[key] = pairs
+        return question_cost(len(item[0]), item[1], True, pairs)
 
     async def info(self) -> dict:
         return self.describe()
@@ -253,6 +268,7 @@ class LocalEngineHost:
         each reload would grow the process by the part of an index that the next one cannot reuse)."""
         self._warm(rag)
         old, self.rag = self.rag, rag
+        self._pairs = {}  # the index's settings may have changed
         if old is not None and old.ner_pool is not None:
             if old.ner_pool is rag.ner_pool:
                 old.detach_ner_pool()  # the NER worker processes now belong to the new index

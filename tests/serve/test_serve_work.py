@@ -22,6 +22,25 @@ def test_a_requests_cost_by_hand():
     assert question_cost(600, 100, True) == 4 * 2 * 21
     assert request_cost(["a" * 300, "b" * 10], 10, False) == 3.0
     assert request_cost(["q" * 1000] * 16, 100, False) == pytest.approx(16 * (1000 / 150) * 2)
+    # rerank in proportion to the pairs the reranker reads (10 by default: 5 in the chain round, 5 at the end)
+    assert question_cost(75, 5, True, pairs=32) == 1 + 20 * 3.2
+    assert question_cost(75, 5, False, pairs=32) == 1.0
+
+
+def test_the_engine_host_counts_the_reranker_pairs_of_a_requests_settings():
+    from linearrag_torch.config import RetrievalConfig
+    from linearrag_torch.serve.admission import rerank_pairs
+    from linearrag_torch.serve.engine_host import LocalEngineHost
+
+    assert rerank_pairs(RetrievalConfig()) == 10  # the defaults: 5 + 5 x 1 round
+    assert rerank_pairs(RetrievalConfig(rerank_candidates=27, chain_rounds=2)) == 27 + 5 * 2
+    assert rerank_pairs(RetrievalConfig(chain_passages=0, rerank_candidates=7)) == 7  # no chain, no loop
+    host = LocalEngineHost(rag=SimpleNamespace(config=RetrievalConfig()))
+    assert host.question_cost((), ("q", 5)) == 1.0
+    assert host.question_cost((("rerank", True),), ("q", 5)) == 21.0
+    assert host.question_cost((("rerank", True), ("rerank_candidates", 27)), ("q", 5)) == pytest.approx(1 + 20 * 3.2)
+    assert host.question_cost((("rerank", True), ("rerank_candidates", 27), ("reranker", "x")), ("q", 5)) == \
+        pytest.approx(1 + 20 * 3.2)  # settings that are not RetrievalConfig's are left out
 
 
 def test_places_beyond_max_concurrent_are_kept_only_by_heavy_requests():
