@@ -124,7 +124,7 @@ class RetrievalConfig:
     rerank_loop_candidates: int = _f(5, "with rerank and a chain: the reranker also reorders this many of each round's "
                                         "top passages but the last's, and the chain takes its sources and kept "
                                         "passages from that order (0: only the final list is reranked)")
-    reranker_precision: str = _f("float32", "what the reranker runs in: float32, bfloat16 (autocast), int8 (dynamically "
+    reranker_precision: str = _f("auto", "what the reranker runs in: float32, bfloat16 (autocast), int8 (dynamically "
                                             "quantised Linear layers, CPU) or auto (bfloat16 where the device has "
                                             "native bf16, else float32)",
                                  choices=RERANKER_PRECISIONS)
