@@ -28,6 +28,7 @@ def test_a_requests_cost_by_hand():
 
 
 def test_the_engine_host_counts_the_reranker_pairs_of_a_requests_settings():
+    pytest.importorskip("prometheus_client")  # the engine host's metrics: the serve extra
     from linearrag_torch.config import RetrievalConfig
     from linearrag_torch.serve.admission import rerank_pairs
     from linearrag_torch.serve.engine_host import LocalEngineHost
