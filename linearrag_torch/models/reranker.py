@@ -76,7 +76,12 @@ class CrossEncoder(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        h = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
+        mask = attention_mask
+        if self.bert.config._attn_implementation == "sdpa":  # the 4-d mask transformers would make, made here: its
+            # own check of a 2-d mask (whether it is all ones) reads the device once a pass, a GPU sync each
+            n, L = attention_mask.shape
+            mask = attention_mask.bool()[:, None, None, :].expand(n, 1, L, L)
+        h = self.bert(input_ids=input_ids, attention_mask=mask, token_type_ids=token_type_ids).last_hidden_state
         m = attention_mask.unsqueeze(-1).to(h.dtype)
         pooled = (h * m).sum(1) / m.sum(1).clamp(min=1.0)
         # the head as a row-wise product and sum: F.linear to one output takes a matrix-vector kernel for one
