@@ -22,7 +22,8 @@ questions of ``question_cost``: one unit for a question of up to UNIT_CHARS char
 LIGHT_TOP_K without rerank, more in proportion to its length and its top_k beyond those, (1 + RERANK_WEIGHT) times
 with rerank over the default RERANK_PAIRS pairs, the weight in proportion to the pairs the reranker reads (a fuzzed
 request at rerank_candidates 27 took three times what the default's weight said: docs/serving.md). The pace is
-measured per unit (the batcher reports each batch's work), the time check counts the units inside, and the units of the requests admitted and not answered are bounded by a budget (``max_work``),
+measured per unit (the batcher reports each batch's work), the time check counts the units inside, and the units
+of the requests admitted and not answered are bounded by a budget (``max_work``),
 shared by two classes: a request costing more than HEAVY_COST units is heavy. Each class has its share of the
 budget (``heavy_share`` for the heavy ones, the rest for the light ones; a request larger than its class's share
 counts as the whole share). A loan lasts as long as the request that borrows: light requests may borrow the

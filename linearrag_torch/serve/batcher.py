@@ -301,14 +301,14 @@ class Batcher:
             self._waiting = sum(len(e.questions) for e in kept)
             self._queue = kept
 
-    def _head(self) -> _Entry:
+    def _head(self, heavy_below: bool) -> _Entry:
         """The entry the next batch starts from: the oldest one, except that while both classes wait, the oldest
         of the class that has had less than its share of the engine's recent time (heavy_share for the heavy ones):
         then a heavy request's parts, each up to a batch of work, cannot take the engine from the light ones."""
         oldest = self._queue[0]
         if self.heavy_share is None:
             return oldest
-        return next((e for e in self._queue if e.heavy == self._heavy_below_share()), oldest)
+        return next((e for e in self._queue if e.heavy == heavy_below), oldest)
 
     def _heavy_below_share(self) -> bool:
         """Whether the heavy requests have had less than their share of the engine's recent time."""
@@ -320,11 +320,12 @@ class Batcher:
         self._drop_cancelled()
         if not self._queue:
             return []
-        head = self._head()
+        below = self.heavy_share is not None and self._heavy_below_share()
+        head = self._head(below)
         key = head.key
         # a light batch takes no heavy part while the heavy ones have had their share: riding along in every light
         # batch, one heavy question each, they took a third of the engine in the heavy mix
-        heavy_ok = head.heavy or self.heavy_share is None or self._heavy_below_share()
+        heavy_ok = head.heavy or self.heavy_share is None or below
         batch, rest, n, work = [head], deque(), len(head.questions), head.work
         for e in self._queue:
             if e is head:

@@ -16,7 +16,7 @@ from typing import Callable
 from .. import __version__
 from ..config import RetrievalConfig
 from ..retrieval.memory import parse_bytes, release_freed_memory, status_bytes
-from .admission import HEAVY_COST, RERANK_PAIRS, question_cost, rerank_pairs
+from .admission import HEAVY_COST, question_cost, rerank_pairs
 from .batcher import Batcher
 from .metrics import Metrics
 from .settings import ServeSettings
@@ -83,23 +83,14 @@ class LocalEngineHost:
 
     def question_cost(self, key: tuple, item) -> float:
         """Work units of one (question, top_k) with the retrieval settings ``key`` (serve/admission.py): with
-        rerank, over the pairs the reranker will read (the key's settings, else the index's)."""
-        settings = dict(key)
-        rerank = settings.get("rerank")
-        if rerank is None:
-            rerank = self.settings.rerank or bool(self.rag is not None and getattr(self.rag.config, "rerank", False))
-        if not rerank:
-            return question_cost(len(item[0]), item[1], False)
-        pairs = self._pairs.get(key)
-        if pairs is None:  # (once per settings: the batcher asks for every question)
-            base = self.rag.config if self.rag is not None else RetrievalConfig()
-            known = {k: v for k, v in settings.items() if k in RetrievalConfig.__dataclass_fields__}
-            try:
-                pairs = rerank_pairs(base.replace(**known))
-            except (TypeError, ValueError):  # settings the engine will refuse: the default's weight meanwhile
-                pairs = RERANK_PAIRS
-            self._pairs[key] = pairs
-        return question_cost(len(item[0]), item[1], True, pairs)
+        rerank, over the pairs the reranker will read, the settings taken as the engine takes them (_run_batch)."""
+        got = self._pairs.get(key)
+        if got is None:  # (once per settings: the batcher asks for every question; a bounded memo)
+            if len(self._pairs) >= 256:
+                self._pairs.clear()
+            cfg = (self.rag.config if self.rag is not None else RetrievalConfig()).replace(**self._overrides(key))
+            got = self._pairs[key] = (cfg.rerank, rerank_pairs(cfg))
+        return question_cost(len(item[0]), item[1], *got)
 
     async def info(self) -> dict:
         return self.describe()
@@ -247,6 +238,10 @@ class LocalEngineHost:
             d["reranker"] = self.settings.reranker
         return d
 
+    def _overrides(self, key) -> dict:
+        """The retrieval settings of a batch: the operator's defaults under the request's own (``key``)."""
+        return {**self._defaults(), **dict(key)}
+
     def _warm(self, rag) -> None:
         """Load the models (the reranker too when it is on) and build the PageRank operator before the first
         request (engine thread)."""
@@ -255,7 +250,7 @@ class LocalEngineHost:
     def _run_batch(self, key, questions: list) -> list:
         """Engine thread: one search for the batch at the largest top_k asked; each question keeps its own k
         (the engine's top-k is a prefix: ties go to the lower row whatever k is)."""
-        overrides = {**self._defaults(), **dict(key)}
+        overrides = self._overrides(key)
         k = max(q[1] for q in questions)
         timings = {}
         hits = self.rag.search([q[0] for q in questions], top_k=k, timings=timings, **overrides)

@@ -41,7 +41,7 @@ def test_the_engine_host_counts_the_reranker_pairs_of_a_requests_settings():
     assert host.question_cost((("rerank", True),), ("q", 5)) == 21.0
     assert host.question_cost((("rerank", True), ("rerank_candidates", 27)), ("q", 5)) == pytest.approx(1 + 20 * 3.2)
     assert host.question_cost((("rerank", True), ("rerank_candidates", 27), ("reranker", "x")), ("q", 5)) == \
-        pytest.approx(1 + 20 * 3.2)  # settings that are not RetrievalConfig's are left out
+        pytest.approx(1 + 20 * 3.2)  # a setting that does not change the pairs
 
 
 def test_places_beyond_max_concurrent_are_kept_only_by_heavy_requests():
