@@ -1,7 +1,7 @@
 """The reranker inside the chain rounds against the reranker on the final list only, by number of gold passages.
 
     python -m benchmarks.rerank_loop --data DIR [DIR ...] [--loop 5 10] [--precisions float32 int8]
-                                     [--json OUT] [--png OUT]
+                                     [--final-candidates 10] [--json OUT] [--png OUT]
     python -m benchmarks.rerank_loop --train questions.jsonl [--loop 0 3 5 10] ...   # the fitting set
 
 Each data folder (corpus.jsonl + questions.jsonl with supporting_ids; the index is built or taken from
@@ -62,19 +62,24 @@ def fitting_set(train_file: Path, out: Path, heldout_only: bool = False) -> Path
     return out
 
 
-def systems(loops: list[int], precisions: list[str], rerankers: dict | None = None) -> dict:
+def systems(loops: list[int], precisions: list[str], rerankers: dict | None = None,
+            final_candidates: tuple = ()) -> dict:
     """{name: config}: the graph alone, then per reranker (the shipped one, then each of ``rerankers``, {name:
-    folder}) and precision the final-list rerank and each loop size."""
+    folder}), precision and final-list candidates (the default, then each of ``final_candidates``: names end in
+    ``_cK``) the final-list rerank and each loop size."""
     base = RetrievalConfig()
     out = {"graph": base}
+    default = base.rerank_candidates
     for rname, folder in {"": "", **(rerankers or {})}.items():
         for p in precisions:
-            tag = ("" if p == "float32" else f"_{p}") + (f"_{rname}" if rname else "")
-            cfg = base.replace(rerank=True, reranker_precision=p, reranker=folder)
-            out[f"rerank{tag}"] = cfg.replace(rerank_loop_candidates=0)
-            for k in loops:
-                if k > 0:
-                    out[f"loop{k}{tag}"] = cfg.replace(rerank_loop_candidates=k)
+            for c in [default] + [c for c in final_candidates if c != default]:
+                tag = ("" if p == "float32" else f"_{p}") + (f"_{rname}" if rname else "") + \
+                    ("" if c == default else f"_c{c}")
+                cfg = base.replace(rerank=True, reranker_precision=p, reranker=folder, rerank_candidates=c)
+                out[f"rerank{tag}"] = cfg.replace(rerank_loop_candidates=0)
+                for k in loops:
+                    if k > 0:
+                        out[f"loop{k}{tag}"] = cfg.replace(rerank_loop_candidates=k)
     return out
 
 
@@ -98,21 +103,44 @@ def score(ranked: list[list[str]], questions: list[dict]) -> dict:
     return dict(sorted(groups.items(), key=lambda kv: (kv[0] != "all", kv[0])))
 
 
+class PairCount:
+    """Counts the (question, passage) pairs the cross-encoder is given (Reranker.pair_logits, its filling
+    copies left out) while in a ``with`` block."""
+
+    def __enter__(self):
+        from linearrag_torch.rerank.scoring import Reranker
+
+        self.pairs, self._cls, self._orig = 0, Reranker, Reranker.pair_logits
+
+        def counted(reranker, q, p, q_of_pair, *args, **kw):
+            self.pairs += q_of_pair.numel()
+            return self._orig(reranker, q, p, q_of_pair, *args, **kw)
+
+        Reranker.pair_logits = counted
+        return self
+
+    def __exit__(self, *exc):
+        self._cls.pair_logits = self._orig
+
+
 def run_set(rag, questions: list[dict], configs: dict, batch: int = 64) -> dict:
     texts = [q["question"] for q in questions]
     res = {}
     for name, cfg in configs.items():
         rag.retrieve(encode(rag, texts[:8], cfg), cfg)  # warm-up: models loaded, passages tokenised
         ranked, t0 = [], time.perf_counter()
-        for s in range(0, len(texts), batch):
-            enc = encode(rag, texts[s:s + batch], cfg)
-            hits = rag.hits(rag.retrieve(enc, cfg))
-            ranked += [[str(h.id) for h in hs] for hs in hits]
+        with PairCount() as count:
+            for s in range(0, len(texts), batch):
+                enc = encode(rag, texts[s:s + batch], cfg)
+                hits = rag.hits(rag.retrieve(enc, cfg))
+                ranked += [[str(h.id) for h in hs] for hs in hits]
         res[name] = {"ms_per_question": round(1000 * (time.perf_counter() - t0) / max(len(texts), 1), 1),
+                     "pairs_per_question": round(count.pairs / max(len(texts), 1), 2),
                      **score(ranked, questions)}
         a = res[name]["all"]
         print(f"  {name:<8} R@2 {a['recall@2']:5.1f}  R@5 {a['recall@5']:5.1f}  all@2 {a['all@2']:4d}  "
-              f"all@5 {a['all@5']:4d}  ({res[name]['ms_per_question']} ms/q)", file=sys.stderr)
+              f"all@5 {a['all@5']:4d}  ({res[name]['ms_per_question']} ms/q, "
+              f"{res[name]['pairs_per_question']} pairs/q)", file=sys.stderr)
     return res
 
 
@@ -123,15 +151,19 @@ def plot(path: Path, results: dict) -> None:
     import matplotlib.pyplot as plt
 
     sets = list(results["datasets"])
-    fig, axes = plt.subplots(1, len(KS), figsize=(5 * len(KS), 3.6), squeeze=False)
-    for ax, k in zip(axes[0], KS):
-        names = list(next(iter(results["datasets"].values())))
-        width = 0.8 / len(names)
+    panels = [(f"recall@{k} (%)", lambda r, name, k=k: r[name]["all"][f"recall@{k}"]) for k in KS]
+    panels.append(("ms per question / the graph's", lambda r, name: r[name]["ms_per_question"]
+                   / max(r["graph"]["ms_per_question"], 1e-9)))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
+    names = list(next(iter(results["datasets"].values())))
+    width = 0.8 / len(names)
+    for ax, (label, value) in zip(axes[0], panels):
         for i, name in enumerate(names):
             ax.bar([j + i * width for j in range(len(sets))],
-                   [results["datasets"][s][name]["all"][f"recall@{k}"] for s in sets], width, label=name)
+                   [value(results["datasets"][s], name) for s in sets], width, label=name)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sets))], sets, fontsize=8)
-        ax.set_ylabel(f"recall@{k} (%)")
+        ax.set_ylabel(label)
+    for ax in axes[0][:len(KS)]:
         ax.set_ylim(bottom=30)
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"reranker in the chain rounds ({results['date']})", fontsize=10)
@@ -153,6 +185,8 @@ def main(argv=None) -> int:
                     help="reranker precisions compared (RetrievalConfig.reranker_precision)")
     ap.add_argument("--rerankers", nargs="+", default=[], metavar="NAME=DIR",
                     help="retrained rerankers compared beside the shipped one (systems rerank_NAME, loopK_NAME)")
+    ap.add_argument("--final-candidates", nargs="+", type=int, default=[], metavar="K",
+                    help="also rerank K candidates of the final list (rerank_candidates; systems ending in _cK)")
     ap.add_argument("--batch", type=int, default=64, help="questions per call")
     ap.add_argument("--png", type=Path, help="write the plot here")
     args = ap.parse_args(argv)
@@ -171,7 +205,7 @@ def main(argv=None) -> int:
         if not sep or not name or not Path(folder).is_dir():
             ap.error(f"--rerankers {item}: give NAME=DIR with an existing reranker folder")
         rerankers[name] = folder
-    configs = systems(args.loop, args.precisions, rerankers)
+    configs = systems(args.loop, args.precisions, rerankers, tuple(args.final_candidates))
     results["configs"] = {k: {f: v for f, v in c.to_dict().items() if f.startswith("rerank")} for k, c in configs.items()}
     for data in folders:
         rag, _ = load_or_build(data / "corpus.jsonl", args.cache)

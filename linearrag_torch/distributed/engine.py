@@ -65,11 +65,11 @@ class ShardedEngine:
     def pair_rerank(self, queries, ranking: Retrieved, cfg) -> Retrieved:
         return self._pairs(queries, ranking, cfg)
 
-    def learned_rerank(self, queries, ranking, cfg, candidates):
+    def learned_rerank(self, queries, ranking, cfg, candidates, known=None):
         """rerank_stage.apply with this rank's passages: each rank scores the pairs of the candidates it holds
         (_ShardPassageTokens), every rank fuses and orders the same logits."""
         reranker, tokens = self._reranker(cfg)
-        return rerank_stage.apply(reranker, tokens, queries, ranking, candidates)
+        return rerank_stage.apply(reranker, tokens, queries, ranking, candidates, known)
 
     def reranker(self, cfg: RetrievalConfig):
         """The learned reranker that ``cfg`` names, loaded once on this rank's device (rank 0 also tokenises the

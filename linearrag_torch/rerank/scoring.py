@@ -21,7 +21,7 @@ import torch
 from .. import env
 from ..config import RERANKER_PRECISIONS
 from ..indexing.encoding import quantize_int8
-from ..models.reranker import RerankerSettings, load_model
+from ..models.reranker import CrossEncoder, RerankerSettings, load_model
 
 
 @dataclass
@@ -62,6 +62,11 @@ class Reranked(NamedTuple):
     logits: torch.Tensor  # [B, K] float32
     graph_scores: torch.Tensor  # [B, K] float32
     graph_ranks: torch.Tensor  # [B, K] int64
+    contexts: torch.Tensor | None = None  # [B, K] int64: each candidate's context row (-1: none); None: plain pairs
+
+    def join(self, other: "Reranked") -> "Reranked":
+        """The candidates of both, side by side (the pairs a batch has scored so far: Reranker.rerank's ``known``)."""
+        return Reranked(*(None if a is None else torch.cat([a, b.to(a.device)], 1) for a, b in zip(self, other)))
 
 
 def tokenize_questions(tokenizer, questions: list[str], settings: RerankerSettings) -> QuestionTokens:
@@ -117,6 +122,25 @@ def pair_inputs(q: QuestionTokens, p: PassageTokens, q_of_pair: torch.Tensor, pa
     valid = pos <= end
     ids = torch.where(valid, ids, torch.full_like(ids, pad_id))
     return ids, valid.to(torch.int64), ((pos >= question_part_end) & valid).to(torch.int64)
+
+
+def _with_encoder(model, bert):
+    """A CrossEncoder of ``bert`` and ``model``'s head (float32), leaving ``model`` as it is."""
+    out = CrossEncoder.__new__(CrossEncoder)
+    torch.nn.Module.__init__(out)
+    out.bert, out.head = bert, model.head
+    return out.eval()
+
+
+def _known_logits(indices: torch.Tensor, contexts: torch.Tensor | None, known: Reranked):
+    """For candidates ``indices`` [B, K] with their ``contexts`` (None: plain pairs): the logit of each pair that
+    ``known`` holds (the same question, passage and context; anything where it holds none) and a [B, K] bool,
+    True where it holds none."""
+    same = indices.unsqueeze(2) == known.indices.to(indices.device).unsqueeze(1)  # [B, K, K']
+    if contexts is not None:
+        same &= contexts.unsqueeze(2) == known.contexts.to(indices.device).unsqueeze(1)
+    where = same.to(torch.uint8).argmax(2)
+    return known.logits.to(indices.device).gather(1, where), ~same.any(2)
 
 
 def _filled(x: torch.Tensor, fill: int) -> torch.Tensor:
@@ -183,10 +207,17 @@ class Reranker:
         self.tokens_per_pass = tokens_per_pass or rows * settings.max_length
         self._passages = {}  # id(index) -> (weak reference to the index, its PassageTokens)
         self.precision = resolve_precision(precision, self.device)
+        # take the logits of pairs scored before in the batch (rerank's ``known``) rather than score them again:
+        # on a CPU, where the pairs are the cost and reading their count back is a memory read; a GPU would
+        # wait for the device to read it, for passes it runs in a fraction of the graph's time
+        self.reuse_logits = self.device.type == "cpu"
         self._autocast = None
-        if self.precision == "int8":
-            self.model.bert = quantize_int8(self.model.bert)  # the head reads its weight directly: kept float32
+        if self.precision == "int8":  # in a copy: the caller's model stays as it is
+            self.model = _with_encoder(self.model, quantize_int8(self.model.bert))
         elif self.precision in ("bfloat16", "float16"):
+            # autocast, not the encoder's weights cast to bf16: those round the residual sums and LayerNorm's
+            # input too, a little faster but a dev question's top 2 moved, where autocast's recall equals
+            # float32's (docs/reranker.md, "What the reranker costs")
             self._autocast = getattr(torch, self.precision)
 
     @classmethod
@@ -244,22 +275,34 @@ class Reranker:
         """Pairs in every forward pass (tokens_per_pass over the pair length, at least one)."""
         return max(1, self.tokens_per_pass // self.settings.max_length)
 
-    def rerank(self, q: QuestionTokens, p: PassageTokens, indices: torch.Tensor, scores: torch.Tensor) -> Reranked:
+    def rerank(self, q: QuestionTokens, p: PassageTokens, indices: torch.Tensor, scores: torch.Tensor,
+               known: Reranked | None = None) -> Reranked:
         """Reorder each question's candidates (``indices``/``scores`` [B, K], the graph's order) by the fused
         score. A candidate row of -1 (no passage) stays last. ``p``: the passages' tokens (PassageTokens, or a
-        shard's, which scores the pairs it holds: PassageTokens.score_pairs)."""
+        shard's, which scores the pairs it holds: PassageTokens.score_pairs). ``known``: pairs of the same
+        questions scored before (the chain rounds' reranks of this batch); where ``reuse_logits`` is set, a pair
+        read there with the same context takes its logit from there instead of a pass (the same bits: every pass
+        has one shape)."""
         B, K = indices.shape
         q = q.to(self.device)
         indices, scores = indices.to(self.device), scores.to(self.device, torch.float32)
         q_of_pair = torch.arange(B, device=self.device).repeat_interleave(K)
         missing = indices < 0
-        ctx = chain_context(indices).reshape(-1) if self.settings.context_tokens else None
-        logits = p.score_pairs(self, q, q_of_pair, indices.clamp(min=0).reshape(-1), ctx).view(B, K)
+        ctx = chain_context(indices) if self.settings.context_tokens else None
+        rows, flat_ctx = indices.clamp(min=0).reshape(-1), None if ctx is None else ctx.reshape(-1)
+        if known is not None and self.reuse_logits:
+            logits, new = _known_logits(indices, ctx, known)
+            new = torch.nonzero(new.reshape(-1)).squeeze(1)  # the pairs not scored before (their count: a host read)
+            logits = logits.reshape(-1).index_put(
+                (new,), p.score_pairs(self, q, q_of_pair[new], rows[new], None if ctx is None else flat_ctx[new]))
+            logits = logits.view(B, K)
+        else:
+            logits = p.score_pairs(self, q, q_of_pair, rows, flat_ctx).view(B, K)
         fused = fuse(self.settings, logits, scores).masked_fill(missing, float("-inf"))
         order = torch.sort(fused, dim=1, descending=True, stable=True).indices
         ranks = torch.arange(K, device=self.device).expand(B, K)
         return Reranked(indices.gather(1, order), fused.gather(1, order), logits.gather(1, order),
-                        scores.gather(1, order), ranks.gather(1, order))
+                        scores.gather(1, order), ranks.gather(1, order), None if ctx is None else ctx.gather(1, order))
 
     def predict(self, pairs: list[tuple[str, str]], contexts: list[str | None] | None = None) -> list[float]:
         """The cross-encoder's logit of each (question, passage text) pair (like sentence-transformers'

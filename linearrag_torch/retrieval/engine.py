@@ -318,9 +318,9 @@ class TorchBackend(LocalChain):
     def pair_rerank(self, queries, ranking, cfg):
         return self.graph.pair_rerank(queries, ranking, cfg)
 
-    def learned_rerank(self, queries, ranking, cfg, candidates):
+    def learned_rerank(self, queries, ranking, cfg, candidates, known=None):
         reranker = self.graph.reranker(cfg.reranker, cfg.reranker_precision)
-        return rerank_stage.apply(reranker, self.graph.rerank_passages(reranker), queries, ranking, candidates)
+        return rerank_stage.apply(reranker, self.graph.rerank_passages(reranker), queries, ranking, candidates, known)
 
     @property
     def num_entities(self) -> int:

@@ -22,10 +22,11 @@ def enabled(cfg: RetrievalConfig) -> bool:
     return bool(cfg.rerank)
 
 
-def apply(reranker, passage_tokens, queries: EncodedQueries, graph_out: Retrieved, candidates: int):
+def apply(reranker, passage_tokens, queries: EncodedQueries, graph_out: Retrieved, candidates: int, known=None):
     """(Retrieved in the fused order with the fused scores, the Reranked detail) for the graph's ranking
     ``graph_out`` of ``queries`` (which must carry their reranker tokens: LinearRAG.encode_queries does so
-    when its config has rerank): its first ``candidates`` reordered, the rest as they are."""
+    when its config has rerank): its first ``candidates`` reordered, the rest as they are. ``known``: the
+    Reranked pairs of the batch's earlier reranks (Reranker.rerank takes their logits again)."""
     tokens = queries.rerank_tokens
     if tokens is None:
         raise ValueError("rerank=True needs the questions' reranker tokens: encode the questions with "
@@ -34,7 +35,7 @@ def apply(reranker, passage_tokens, queries: EncodedQueries, graph_out: Retrieve
         raise ValueError(f"reranker tokens for {tokens.ids.shape[0]} questions, a ranking of "
                          f"{graph_out.indices.shape[0]}")
     K = min(candidates, graph_out.indices.shape[1])
-    rr = reranker.rerank(tokens, passage_tokens, graph_out.indices[:, :K], graph_out.scores[:, :K])
+    rr = reranker.rerank(tokens, passage_tokens, graph_out.indices[:, :K], graph_out.scores[:, :K], known)
     tail = graph_out.indices[:, K:].to(rr.indices.device), graph_out.scores[:, K:].to(rr.scores.device, torch.float32)
     return Retrieved(torch.cat([rr.indices, tail[0]], 1), torch.cat([rr.scores, tail[1]], 1)), rr
 

@@ -49,8 +49,10 @@ class Backend(Protocol):
     def pair_rerank(self, queries: EncodedQueries, ranking: Retrieved, cfg: RetrievalConfig) -> Retrieved:
         """pairs.rerank of ``ranking``."""
 
-    def learned_rerank(self, queries: EncodedQueries, ranking: Retrieved, cfg: RetrievalConfig, candidates: int):
-        """rerank_stage.apply of ``ranking``'s first ``candidates``: (Retrieved, Reranked)."""
+    def learned_rerank(self, queries: EncodedQueries, ranking: Retrieved, cfg: RetrievalConfig, candidates: int,
+                       known=None):
+        """rerank_stage.apply of ``ranking``'s first ``candidates`` (``known``: the batch's pairs scored before):
+        (Retrieved, Reranked)."""
 
     @property
     def num_entities(self) -> int:
@@ -85,6 +87,8 @@ class Batch:
     rounds    graph rounds run so far
     used      [B, U] the chain's source passages so far (-1: none)
     seeds     the chain seeds of the later rounds so far (chain.ChainSeeds) or None
+    scored    the pairs the reranker in the loop has scored so far (rerank.Reranked) or None: the final rerank
+              takes their logits again instead of scoring the same pairs twice
     trace     the first round's Trace, with the later stages' details added, when traced
     round_lists  each round's own ranking (after its loop rerank), when traced
     """
@@ -98,6 +102,7 @@ class Batch:
     rounds: int = 0
     used: Optional[torch.Tensor] = None
     seeds: Optional[chain.ChainSeeds] = None
+    scored: object = None
     trace: object = None
     traced: bool = False
     round_lists: list = field(default_factory=list)
@@ -163,7 +168,8 @@ def chain_round(be: Backend, b: Batch) -> None:
 def round_rerank(be: Backend, b: Batch) -> None:
     """The reranker in the loop: the last round's top ``rerank_loop_candidates`` reordered by the fused score, so
     that the chain's next sources and the passages it keeps are the reranker's (rerank_stage.loop_order)."""
-    _, rr = be.learned_rerank(b.queries, b.round, b.cfg, loop_candidates(b.cfg))
+    _, rr = be.learned_rerank(b.queries, b.round, b.cfg, loop_candidates(b.cfg), b.scored)
+    b.scored = rr if b.scored is None else b.scored.join(rr)
     b.round = rerank_stage.loop_order(b.round, rr)
     b.ranking = b.round if b.before is None else \
         chain.merge(b.before, b.round, (b.rounds - 1) * b.cfg.chain_keep, b.depth)
@@ -180,7 +186,7 @@ def pair_stage(be: Backend, b: Batch) -> None:
 
 
 def learned_rerank(be: Backend, b: Batch) -> None:
-    b.ranking, rr = be.learned_rerank(b.queries, b.ranking, b.cfg, b.cfg.rerank_candidates)
+    b.ranking, rr = be.learned_rerank(b.queries, b.ranking, b.cfg, b.cfg.rerank_candidates, b.scored)
     if b.traced:
         b.trace.rerank = rr
 

@@ -13,3 +13,21 @@ def test_rerank_loop_systems_name_what_they_run():
     assert got["rerank_int8"].reranker_precision == "int8" and got["rerank_int8"].rerank_loop_candidates == 0
     assert got["rerank_sp"].reranker == "/models/sp" and got["rerank_sp"].rerank_loop_candidates == 0
     assert got["loop5_int8_sp"].reranker == "/models/sp" and got["loop5_int8_sp"].rerank_loop_candidates == 5
+    assert "rerank_c10" not in got
+    more = systems([5], ["auto"], final_candidates=(5, 10))
+    assert sorted(more) == ["graph", "loop5_auto", "loop5_auto_c10", "rerank_auto", "rerank_auto_c10"]
+    assert more["loop5_auto_c10"].rerank_candidates == 10 and more["loop5_auto"].rerank_candidates == 5
+
+
+def test_rerank_loop_counts_the_pairs_the_cross_encoder_reads(small_rag, small_questions, tiny_chain_reranker_dir):
+    """pairs_per_question: none for the graph, rerank_candidates for the final list, and for the loop its round's
+    candidates plus the final list's pairs it had not read (the same pair is not read twice: fewer than 2 x 5)."""
+    from benchmarks.rerank_loop import run_set
+
+    base = small_rag.config.replace(reranker=str(tiny_chain_reranker_dir))
+    configs = {"graph": base, "rerank": base.replace(rerank=True, rerank_loop_candidates=0),
+               "loop5": base.replace(rerank=True, rerank_loop_candidates=5)}
+    got = run_set(small_rag, small_questions, configs, batch=4)
+    assert got["graph"]["pairs_per_question"] == 0
+    assert got["rerank"]["pairs_per_question"] == 5
+    assert 5 < got["loop5"]["pairs_per_question"] < 10

@@ -217,7 +217,7 @@ def _by_hand(rag, reranker_dir, questions, k_candidates, top_k):
     the fused score by the documented formula, a stable sort; then the graph's tail."""
     import math
 
-    r = Reranker.load(reranker_dir)
+    r = Reranker.load(reranker_dir, precision=rag.config.reranker_precision)  # as the engine runs it (auto)
     s = r.settings
     graph = rag.search(questions, top_k=max(top_k, k_candidates), rerank=False)
     out = []
@@ -252,7 +252,7 @@ def test_chain_aware_rerank_reads_the_top_passage_as_context(small_rag, small_qu
     import math
 
     qs = [q["question"] for q in small_questions]
-    r = Reranker.load(tiny_chain_reranker_dir)
+    r = Reranker.load(tiny_chain_reranker_dir, precision=small_rag.config.reranker_precision)
     s = r.settings
     graph = small_rag.search(qs, top_k=6, rerank=False)
     want = []
@@ -450,6 +450,23 @@ def test_rerank_benchmark_on_two_small_sets(tmp_path, small_corpus, small_questi
         assert set(res["cost_ms_per_question"][folder.name]["batch_1"]) == {"graph", "graph+rerank", "rerank"}
     with pytest.raises(SystemExit):
         bench.main(["--data", str(tmp_path / "missing")])
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+def test_a_low_precision_reranker_leaves_the_callers_model_as_it_is(tiny_base, precision):
+    """bfloat16 runs under autocast, int8 with the encoder's Linear layers quantised in a copy: the caller's model
+    stays float32 and scores as before (int8 once replaced its encoder), the head float32, the logits near
+    float32's."""
+    model, tok = base_cross_encoder(tiny_base, seed=3)
+    settings = RerankerSettings(max_length=32, question_tokens=16)
+    exact = Reranker(model.eval(), tok, settings)
+    pairs = [(f"question {i} about things", f"Passage {i}\n" + "word " * (i * 3)) for i in range(5)]
+    want = exact.predict(pairs)
+    low = Reranker(model, tok, settings, precision=precision)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert exact.predict(pairs) == want
+    assert low.model.head.weight.dtype == torch.float32
+    assert low.predict(pairs) == pytest.approx(want, abs=0.05 * max(1.0, max(abs(x) for x in want)))
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])

@@ -118,3 +118,39 @@ def test_the_loop_reads_the_host_as_often_for_any_batch(small_rag, small_questio
             _, tr = engine.retrieve(small_rag.graph, enc, cfg, trace=True)
             reads[loop, B] = tr.host_reads - len(tr.ppr_steps)
     assert reads[0, 3] == reads[0, 6] and reads[6, 3] == reads[6, 6], reads
+
+
+@pytest.mark.parametrize("folder", ["tiny_reranker_dir", "tiny_chain_reranker_dir"])
+def test_the_final_rerank_takes_the_loops_logits_again(request, small_rag, small_questions, folder, monkeypatch):
+    """A pair the loop scored (the same question, passage and context) is not scored again by the final rerank:
+    the results are bit-identical to scoring every pair, and the pairs scored fewer by exactly the final pairs
+    that the loop's pairs hold (counted from the pairs each call was given)."""
+    qs = [q["question"] for q in small_questions]
+    B, K = len(qs), 6
+    cfg = small_rag.config.replace(rerank=True, reranker=str(request.getfixturevalue(folder)),
+                                   rerank_loop_candidates=K, rerank_candidates=K, top_k=8)
+    enc = small_rag.encode_queries(qs, cfg)
+    reranker = small_rag.graph.reranker(cfg.reranker, cfg.reranker_precision)
+    calls, pair_logits = [], Reranker.pair_logits
+
+    def counted(self, q, p, q_of_pair, rows, context=None):
+        calls.append(list(zip(q_of_pair.tolist(), rows.tolist(),
+                              [-1] * rows.numel() if context is None else context.tolist())))
+        return pair_logits(self, q, p, q_of_pair, rows, context)
+
+    monkeypatch.setattr(Reranker, "pair_logits", counted)
+    runs = {}
+    for reuse in (False, True):
+        reranker.reuse_logits = reuse
+        calls.clear()
+        out, tr = engine.retrieve(small_rag.graph, enc, cfg, trace=True)
+        runs[reuse] = out, tr.rerank.logits, [list(c) for c in calls]
+    reranker.reuse_logits = True
+    (plain, plain_logits, every), (out, logits, fewer) = runs[False], runs[True]
+    assert torch.equal(out.indices, plain.indices) and torch.equal(out.scores, plain.scores)
+    assert torch.equal(logits, plain_logits)
+    loop_pairs, final_pairs = every
+    assert len(loop_pairs) == len(final_pairs) == B * K
+    again = [t for t in final_pairs if t in set(loop_pairs)]
+    assert again, "the loop and the final list should share pairs here"
+    assert fewer[0] == loop_pairs and sorted(fewer[1]) == sorted(t for t in final_pairs if t not in set(loop_pairs))
