@@ -69,10 +69,11 @@ class RerankerSettings:
 class CrossEncoder(torch.nn.Module):
     """BERT + mean pooling over the pair's tokens + a linear head: one logit per pair."""
 
-    def __init__(self, bert):
+    def __init__(self, bert, head: torch.nn.Linear | None = None):
+        """``head``: an existing head to share (default: a new one)."""
         super().__init__()
         self.bert = bert
-        self.head = torch.nn.Linear(bert.config.hidden_size, 1)
+        self.head = head if head is not None else torch.nn.Linear(bert.config.hidden_size, 1)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -124,14 +124,6 @@ def pair_inputs(q: QuestionTokens, p: PassageTokens, q_of_pair: torch.Tensor, pa
     return ids, valid.to(torch.int64), ((pos >= question_part_end) & valid).to(torch.int64)
 
 
-def _with_encoder(model, bert):
-    """A CrossEncoder of ``bert`` and ``model``'s head (float32), leaving ``model`` as it is."""
-    out = CrossEncoder.__new__(CrossEncoder)
-    torch.nn.Module.__init__(out)
-    out.bert, out.head = bert, model.head
-    return out.eval()
-
-
 def _known_logits(indices: torch.Tensor, contexts: torch.Tensor | None, known: Reranked):
     """For candidates ``indices`` [B, K] with their ``contexts`` (None: plain pairs): the logit of each pair that
     ``known`` holds (the same question, passage and context; anything where it holds none) and a [B, K] bool,
@@ -213,7 +205,7 @@ class Reranker:
         self.reuse_logits = self.device.type == "cpu"
         self._autocast = None
         if self.precision == "int8":  # in a copy: the caller's model stays as it is
-            self.model = _with_encoder(self.model, quantize_int8(self.model.bert))
+            self.model = CrossEncoder(quantize_int8(self.model.bert), self.model.head).eval()
         elif self.precision in ("bfloat16", "float16"):
             # autocast, not the encoder's weights cast to bf16: those round the residual sums and LayerNorm's
             # input too, a little faster but a dev question's top 2 moved, where autocast's recall equals
