@@ -2,7 +2,7 @@
 APIRouter, and the metrics of requests. It answers searches through an engine host (serve/engine_host.py:
 LocalEngineHost in this process, or ray_app.RayEngineHost in front of Ray Serve replicas).
 
-Routes (relative to the router's prefix): POST /v1/search, POST /v1/answer (with a chat model), GET /health,
+Routes (relative to the router's prefix): POST /v1/search, POST /v1/answer (only with a chat model), GET /health,
 GET /info, GET /metrics, POST /admin/reload. Every route but /health needs 'Authorization: Bearer KEY' when
 settings.api_key is set.
 """
@@ -27,7 +27,7 @@ from starlette.requests import ClientDisconnect
 from ..answers.chat import LLMError
 from ..answers.generation import aanswer_batch
 from . import schemas
-from .admission import Admission, request_cost
+from .admission import CROWD_WINDOW_S, Admission, request_cost
 from .engine_host import ReloadRefused
 from .metrics import CONTENT_TYPE_LATEST
 from .schemas import AnswerResponse, HealthOut, ReloadOut, SearchResponse, cut_echo, hit_dict, search_request_model
@@ -40,9 +40,21 @@ class HTTPError(Exception):
         self.status, self.detail, self.reason, self.headers = status, detail, reason, headers or {}
 
 
+class Overloaded(HTTPError):
+    """A 429: ``why`` the request was refused, and the seconds it should wait (``wait_after``: Retry-After)."""
+
+    def __init__(self, why: str, wait_after: int):
+        super().__init__(429, f"{why}; retry after {wait_after} s", "overloaded", {"Retry-After": str(wait_after)})
+        self.wait_after = wait_after
+
+
 REQUEST_ID_HEADER = schemas.REQUEST_ID_HEADER.lower()  # X-Request-ID: the client's (printable, <= 64 chars) or new
 DEADLINE_HEADER = schemas.DEADLINE_HEADER.lower()  # X-Request-Timeout: seconds the client waits for its answer
 SEARCH_ROUTES = ("/v1/search", "/v1/answer")
+# a server without a chat model does not offer /v1/answer (absent from its OpenAPI document): a POST there is a
+# 404 that says why, not a 5xx that clients would retry
+NO_CHAT_MODEL = ("this server has no chat model, so no /v1/answer: start it with --llm-base-url and --llm-model "
+                 "(or LINEARRAG_LLM_BASE_URL / LINEARRAG_LLM_MODEL)")
 _ADMITTED = "linearrag.admitted"  # scope["state"] key: the request's place, taken by EarlyAdmission
 _REQUEST_ID = "linearrag.request_id"
 
@@ -133,9 +145,33 @@ class HTTPFront:
             raise self._overloaded(*refused)
         return Place(self, deadline)
 
+    def refusal_hold(self, deadline: float | None = None) -> float:
+        """Seconds a 429 is held before it is sent (an asyncio timer: no CPU; the request holds no place meanwhile):
+        ``refusal_delay`` while the refusals by count come at most ``max_concurrent`` a second, longer in proportion
+        beyond (clients that send again at once after a refusal then send as often as the hold lets them: the
+        refusals a second grow as the square root of such a crowd, not in proportion), at most a tenth of the
+        request's deadline; 0 when ``refusal_delay`` is 0."""
+        cap = (deadline or self.settings.timeout) / 10
+        hold = min(self.settings.refusal_delay, cap)
+        if hold <= 0:
+            return 0.0
+        a = self.admission
+        per_second = a.crowd() / CROWD_WINDOW_S
+        return min(cap, hold * max(1.0, per_second / a.max_concurrent))
+
+    async def hold_refusal(self, deadline: float | None = None) -> None:
+        """Hold a 429 ``refusal_hold`` seconds. A closed-loop client that sends again at once after a refusal then
+        sends a request every hold instead of hundreds a second, and the engine keeps the cores (issue 28). Every
+        429 is held, the early one (before the body) and the late one (its body showed a light request in a heavy
+        place, or over its class's share): a late refusal held nothing let aggressive clients cycle through the
+        heavy places, each turn a body read and validated (issue 47)."""
+        hold = self.refusal_hold(deadline)
+        if hold > 0:
+            await asyncio.sleep(hold)
+
     @staticmethod
-    def _overloaded(why: str, retry_after: int) -> HTTPError:
-        return HTTPError(429, f"{why}; retry after {retry_after} s", "overloaded", {"Retry-After": str(retry_after)})
+    def _overloaded(why: str, after: int) -> Overloaded:
+        return Overloaded(why, after)
 
     # ------------------------------------------------------------------ requests
     async def search(self, body: dict, place: Place | None = None, rid: str | None = None) -> dict:
@@ -150,8 +186,7 @@ class HTTPFront:
         """/v1/answer: the /v1/search body; the questions' hits (batched as for search) go to the chat model."""
         req = self._validate(body)
         if self.llm is None:
-            raise HTTPError(503, "no chat model configured: start the server with --llm-base-url and --llm-model "
-                                 "(or LINEARRAG_LLM_BASE_URL / LINEARRAG_LLM_MODEL)", "llm_error")
+            raise HTTPError(404, NO_CHAT_MODEL, "no_chat_model")
 
         async def work(r, deadline):
             questions, hits = await self._hits(r, deadline)
@@ -345,6 +380,11 @@ class HTTPFront:
                 place = svc.admit(svc.deadline(request.scope))
             try:
                 return await work(await svc.read_json(request), place, request_id(request.scope))
+            except HTTPError as err:
+                if isinstance(err, Overloaded):  # refused once its body said what it costs: held as an early
+                    place.release()                # refusal is, without its place (see hold_refusal)
+                    await svc.hold_refusal(place.deadline)
+                raise
             finally:
                 if own:
                     place.release()
@@ -366,11 +406,18 @@ class HTTPFront:
         async def search(request: Request):
             return await guarded("/v1/search", request, lambda: admitted(request, svc.search))
 
-        @router.post("/v1/answer", response_model=AnswerResponse,
-                     summary="An answer from the chat model over each question's top-k passages",
-                     responses=schemas.responses("answer", s), **described, **secured)
-        async def answer(request: Request):
-            return await guarded("/v1/answer", request, lambda: admitted(request, svc.answer))
+        if self.llm is not None:
+            @router.post("/v1/answer", response_model=AnswerResponse,
+                         summary="An answer from the chat model over each question's top-k passages",
+                         responses=schemas.responses("answer", s), **described, **secured)
+            async def answer(request: Request):
+                return await guarded("/v1/answer", request, lambda: admitted(request, svc.answer))
+        else:
+            @router.post("/v1/answer", include_in_schema=False)
+            async def no_answer(request: Request):
+                async def work():
+                    raise HTTPError(404, NO_CHAT_MODEL, "no_chat_model")
+                return await guarded("/v1/answer", request, work)
 
         @router.get("/health", response_model=HealthOut, summary="200 when the index and models are loaded, else 503",
                     responses={"503": {"model": HealthOut, "description": "the index is loading, or failed to load"}})
@@ -425,7 +472,8 @@ class EarlyAdmission:
         self.app, self.front = app, front
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in SEARCH_ROUTES:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in SEARCH_ROUTES or (
+                scope["path"] == "/v1/answer" and self.front.llm is None):
             return await self.app(scope, receive, send)
         front = self.front
         rid = request_id(scope)
@@ -445,18 +493,12 @@ class EarlyAdmission:
             place.release()
 
     async def _refuse(self, scope, send, err: HTTPError, rid: str, t0: float, deadline: float | None = None) -> None:
-        """Answer a refusal. A 429 is held ``refusal_delay`` seconds first, at most a tenth of the request's
-        deadline (an asyncio timer: no CPU, and the request holds no place): a closed-loop client that retries
-        at once after a refusal then sends a few requests a second instead of hundreds, and the engine keeps
-        the cores (issue 28: goodput under overload)."""
+        """Answer a refusal; a 429 is held first (HTTPFront.hold_refusal)."""
         front = self.front
         if err.reason:
             front.metrics.failure(err.reason)
-        delay = 0.0
-        if err.status == 429:
-            delay = min(front.settings.refusal_delay, (deadline or front.settings.timeout) / 10)
-        if delay > 0:
-            await asyncio.sleep(delay)
+        if isinstance(err, Overloaded):
+            await front.hold_refusal(deadline)
         body = json.dumps({"detail": err.detail}).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                    (b"x-request-id", rid.encode()),
