@@ -12,7 +12,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 # failure reasons counted by linearrag_failures_total
 REASONS = ("body_too_large", "invalid", "unauthorized", "overloaded", "timeout", "engine_error", "not_ready",
-           "llm_error", "client_gone", "body_timeout")
+           "llm_error", "no_chat_model", "client_gone", "body_timeout")
 
 
 class Metrics:

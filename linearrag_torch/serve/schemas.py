@@ -225,7 +225,6 @@ def responses(route: str, s: ServeSettings) -> dict:
                      "past its deadline; sent after a short delay", **{"Retry-After": retry_after}),
         "500": error("the engine failed (detail names the request id, as the server's log does)"),
         "503": {**error("the index is loading or failed to load (with Retry-After)"
-                        + (", or no chat model is configured" if route == "answer" else "")
                         + "; uvicorn's own 503 (text/plain, no X-Request-ID) past its limit of open connections",
                         **{"Retry-After": {**retry_after, "required": False}}),
                 "content": {"text/plain": {"schema": {"type": "string"}}}},

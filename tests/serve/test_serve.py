@@ -552,10 +552,16 @@ def test_answer_route_uses_the_batched_hits_and_the_chat_model(small_rag, small_
             assert r.status_code == 502 and chat.base_url in r.text and "401" in r.text
 
 
-def test_answer_route_without_a_chat_model_is_503(small_rag):
-    with serving(small_rag) as (url, _):
-        r = httpx.post(url + "/v1/answer", json={"question": "Who?"}, timeout=TIMEOUT)
-        assert r.status_code == 503 and "--llm-base-url" in r.text
+def test_a_server_without_a_chat_model_offers_no_answer_route(small_rag):
+    """Issue 47: not a 503 (a 5xx for a permanent condition, which clients retry): the route is absent from the
+    OpenAPI document and a POST there is a 404 that names the flags, before any admission."""
+    with serving(small_rag, max_concurrent=1) as (url, _):
+        assert "/v1/answer" not in httpx.get(url + "/openapi.json").json()["paths"]
+        assert "/v1/search" in httpx.get(url + "/openapi.json").json()["paths"]
+        for body in ({"question": "Who?"}, {"not": "a search body"}):
+            r = httpx.post(url + "/v1/answer", json=body, timeout=TIMEOUT)
+            assert r.status_code == 404 and "--llm-base-url" in r.json()["detail"], r.text
+        assert 'linearrag_failures_total{reason="no_chat_model"} 2.0' in httpx.get(url + "/metrics").text
 
 
 def test_memory_budget_and_every_setting_reach_the_command_line(small_rag, capsys):
