@@ -5,6 +5,7 @@ phase bounded in time, everything on 127.0.0.1.
         [--file-limit 4096] [--slow 6000] [--clients 8] [--duration 20] [--header-timeout 5]
     python -m benchmarks.serve_hostile --heavy-mix --index DIR --questions FILE --json OUT [--png OUT]
         [--max-concurrent 16] [--factor 4] [--heavy-share-of-clients 0.2] [--duration 20] [--rerank]
+        [--heavy-questions N] [--heavy-top-k K] [--no-heavy-chars] [--aggressive]
 
 --slow-clients: the server runs with its open-file limit (RLIMIT_NOFILE) set to --file-limit. Capacity with
 --clients well-behaved closed-loop clients (one question each, the Retry-After honoured), then the same clients
@@ -241,8 +242,9 @@ def long_question(questions: list[str], i: int, chars: int) -> str:
 
 
 async def mix(url: str, light_qs: list[str], heavy_body, light: int, heavy: int, duration: float,
-              timeout: float) -> dict:
-    """``light`` + ``heavy`` closed-loop clients for ``duration`` s, the Retry-After of a 429 / 503 honoured. Each
+              timeout: float, aggressive: bool = False) -> dict:
+    """``light`` + ``heavy`` closed-loop clients for ``duration`` s, the Retry-After of a 429 / 503 honoured (with
+    ``aggressive``: ignored, the next request 10 ms after the refusal, as issue 47's clients). Each
     class's rates are over its own clients' time, until the last of them has its last answer (a heavy request still
     in flight at the end kept the light rate's clock running for seconds after the light clients stopped)."""
     deadline = time.perf_counter() + duration
@@ -265,7 +267,7 @@ async def mix(url: str, light_qs: list[str], heavy_body, light: int, heavy: int,
                     row["questions"] += len(qs)
                     row["units"] += request_cost(qs, body["top_k"], bool(body.get("rerank")))
                 elif r.status in (429, 503):
-                    wait = float(r.headers.get("Retry-After", "1"))
+                    wait = 0.01 if aggressive else float(r.headers.get("Retry-After", "1"))
                     await asyncio.sleep(min(wait, max(0.0, deadline - time.perf_counter())))
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 row["statuses"][type(exc).__name__] += 1
@@ -298,8 +300,12 @@ def run_heavy_mix(args, questions: list[str]) -> dict:
     light_n = args.factor * m - heavy_n
     longs = [long_question(questions, i, args.max_question_chars) for i in range(200)]
 
+    heavy_qs = longs if args.heavy_chars else questions
+    heavy_n_questions = args.heavy_questions or args.max_questions
+    heavy_top_k = args.heavy_top_k or args.max_top_k
+
     def heavy_body(rng):
-        body = {"questions": rng.sample(longs, args.max_questions), "top_k": args.max_top_k}
+        body = {"questions": rng.sample(heavy_qs, heavy_n_questions), "top_k": heavy_top_k}
         if args.rerank:
             body["rerank"] = True
         return body
@@ -307,17 +313,19 @@ def run_heavy_mix(args, questions: list[str]) -> dict:
     example = heavy_body(random.Random(0))
     result = {"mode": "heavy-mix", "max_concurrent": m, "factor": args.factor, "light_clients": light_n,
               "heavy_clients": heavy_n, "heavy_request": {
-                  "questions": args.max_questions, "chars": args.max_question_chars, "top_k": args.max_top_k,
-                  "rerank": args.rerank, "cost_units": round(request_cost(example["questions"], args.max_top_k,
-                                                                          args.rerank), 1)},
+                  "questions": heavy_n_questions, "chars": args.max_question_chars if args.heavy_chars else None,
+                  "top_k": heavy_top_k, "rerank": args.rerank,
+                  "cost_units": round(request_cost(example["questions"], heavy_top_k, args.rerank), 1)},
+              "aggressive_clients": args.aggressive,
               "light_request": {"questions": 1, "top_k": 5, "cost_units": 1.0}}
     try:
         asyncio.run(closed_loop(server.url, questions, 4, 2.0, 50, args.timeout))  # warm-up
-        alone = asyncio.run(mix(server.url, questions, heavy_body, m, 0, args.duration, args.timeout))
+        alone = asyncio.run(mix(server.url, questions, heavy_body, m, 0, args.duration, args.timeout))  # capacity
         print(f"[mix] light alone: {alone['light']['ok_per_s']} /s p99 {alone['light']['p99_ms']} ms",
               file=sys.stderr, flush=True)
         before = class_seconds(server.url)
-        both = asyncio.run(mix(server.url, questions, heavy_body, light_n, heavy_n, args.duration, args.timeout))
+        both = asyncio.run(mix(server.url, questions, heavy_body, light_n, heavy_n, args.duration, args.timeout,
+                               args.aggressive))
         after = class_seconds(server.url)
         engine_s = {c: round(after[c] - before[c], 2) for c in after}
         print(f"[mix] {light_n} light + {heavy_n} heavy: light {both['light']['ok_per_s']} /s p99 "
@@ -428,6 +436,15 @@ def main(argv=None) -> int:
     ap.add_argument("--max-question-chars", type=int, default=1000, help="--heavy-mix: the server's limit")
     ap.add_argument("--max-top-k", type=int, default=100, help="--heavy-mix: the server's limit")
     ap.add_argument("--rerank", action="store_true", help="--heavy-mix: heavy requests rerank")
+    ap.add_argument("--heavy-questions", type=int, default=0,
+                    help="--heavy-mix: questions in a heavy request (default: --max-questions)")
+    ap.add_argument("--heavy-top-k", type=int, default=0, help="--heavy-mix: a heavy request's top_k (default: --max-top-k)")
+    ap.add_argument("--heavy-chars", action=argparse.BooleanOptionalAction, default=True,
+                    help="--heavy-mix: heavy questions of --max-question-chars characters (--no-heavy-chars: the "
+                         "data's own questions)")
+    ap.add_argument("--aggressive", action="store_true",
+                    help="--heavy-mix: the mix's clients ignore Retry-After and send again 10 ms after a 429 / 503 "
+                         "(issue 47's clients); the light-only capacity is measured with well-behaved ones")
     args = ap.parse_args(argv)
     questions = [q["question"] for q in read_questions(args.questions)]
     head = {"date": _dt.date.today().isoformat(), "index": str(args.index), "questions": str(args.questions),

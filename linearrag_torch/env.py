@@ -229,11 +229,23 @@ def native_bf16(device) -> bool:
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if dev.type != "cpu":
         return False
+    if not _avx512_dispatch():
+        return False
     caps = _cpu_capabilities()
     if caps is None:  # older torch
         probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
         return bool(probe and probe())
     return bool(caps.get("amx_bf16") or caps.get("avx512_bf16"))
+
+
+def _avx512_dispatch() -> bool:
+    """Whether torch dispatches its CPU kernels to AVX-512 (``torch.backends.cpu.get_cpu_capability()``): not
+    where ATEN_CPU_CAPABILITY caps it at avx2 or below, which then runs bf16 by emulation whatever the CPU has
+    (so ``ATEN_CPU_CAPABILITY=avx2`` makes a bf16 CPU choose what an AVX2-only one does: docs/tuning.md)."""
+    import torch
+
+    get = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    return get is None or "AVX512" in str(get()).upper()
 
 
 def native_half(dtype: "torch.dtype", device) -> bool:
@@ -250,7 +262,7 @@ def native_half(dtype: "torch.dtype", device) -> bool:
     if dev.type != "cpu":
         return False
     caps = _cpu_capabilities()
-    return caps is not None and any(bool(caps.get(f)) for f in ("amx_fp16", "avx512_fp16"))
+    return _avx512_dispatch() and caps is not None and any(bool(caps.get(f)) for f in ("amx_fp16", "avx512_fp16"))
 
 
 if __name__ == "__main__":

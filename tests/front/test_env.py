@@ -95,8 +95,29 @@ def test_devices_without_cuda():
 def test_native_arithmetic_follows_the_cpu_capabilities(monkeypatch):
     caps = {"amx_bf16": False, "avx512_bf16": True, "amx_fp16": False, "avx512_fp16": False}
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+    dispatch = ["AVX512"]
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: dispatch[0])
     assert env.native_bf16("cpu") and env.native_half(torch.bfloat16, "cpu")
     assert not env.native_half(torch.float16, "cpu")
     caps["amx_fp16"] = True
     assert env.native_half(torch.float16, "cpu")
     assert env.native_half(torch.float16, "meta") is False and env.native_bf16("meta") is False
+    # torch's kernels capped at AVX2 (ATEN_CPU_CAPABILITY=avx2, or a CPU without AVX-512): bf16 is emulated there
+    dispatch[0] = "AVX2"
+    assert not env.native_bf16("cpu") and not env.native_half(torch.bfloat16, "cpu")
+    assert not env.native_half(torch.float16, "cpu")
+
+
+def test_aten_cpu_capability_avx2_makes_a_bf16_cpu_choose_float32():
+    """In a fresh process, as a user would set it: ATEN_CPU_CAPABILITY=avx2 caps torch's kernels at AVX2, so the
+    encoder's and the reranker's `auto` precision is float32 whatever the CPU (an AVX2-only CPU's choice)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch; from linearrag_torch import env; from linearrag_torch.indexing.encoding import "
+            "resolve_precision; print(torch.backends.cpu.get_cpu_capability(), env.native_bf16('cpu'), "
+            "resolve_precision('auto', 'cpu'))")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ATEN_CPU_CAPABILITY": "avx2"},
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["AVX2", "False", "float32"], out

@@ -23,6 +23,7 @@ def _cpu_caps(monkeypatch, amx: bool, avx512_bf16: bool):
     """The CPU capability probe torch answers (torch.cpu.get_capabilities) replaced by a fixed answer."""
     monkeypatch.setattr(torch.cpu, "get_capabilities",
                         lambda: {"amx_bf16": amx, "amx_tile": amx, "avx512_bf16": avx512_bf16, "avx2": True})
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")  # torch's kernels use it
 
 
 @pytest.mark.parametrize("amx,avx512_bf16,want", [(False, False, "float32"), (True, True, "bfloat16"),
