@@ -27,7 +27,7 @@ from starlette.requests import ClientDisconnect
 from ..answers.chat import LLMError
 from ..answers.generation import aanswer_batch
 from . import schemas
-from .admission import CROWD_WINDOW_S, Admission, request_cost
+from .admission import Admission, request_cost
 from .engine_host import ReloadRefused
 from .metrics import CONTENT_TYPE_LATEST
 from .schemas import AnswerResponse, HealthOut, ReloadOut, SearchResponse, cut_echo, hit_dict, search_request_model
@@ -41,11 +41,11 @@ class HTTPError(Exception):
 
 
 class Overloaded(HTTPError):
-    """A 429: ``why`` the request was refused, and the seconds it should wait (``wait_after``: Retry-After)."""
+    """A 429: ``why`` the request was refused, and the seconds it should wait (Retry-After); held before it is sent
+    (HTTPFront.hold_refusal)."""
 
-    def __init__(self, why: str, wait_after: int):
-        super().__init__(429, f"{why}; retry after {wait_after} s", "overloaded", {"Retry-After": str(wait_after)})
-        self.wait_after = wait_after
+    def __init__(self, why: str, retry_after: int):
+        super().__init__(429, f"{why}; retry after {retry_after} s", "overloaded", {"Retry-After": str(retry_after)})
 
 
 REQUEST_ID_HEADER = schemas.REQUEST_ID_HEADER.lower()  # X-Request-ID: the client's (printable, <= 64 chars) or new
@@ -142,36 +142,20 @@ class HTTPFront:
         self._check_ready()
         refused = self.admission.refusal(deadline)
         if refused is not None:
-            raise self._overloaded(*refused)
+            raise Overloaded(*refused)
         return Place(self, deadline)
 
-    def refusal_hold(self, deadline: float | None = None) -> float:
-        """Seconds a 429 is held before it is sent (an asyncio timer: no CPU; the request holds no place meanwhile):
-        ``refusal_delay`` while the refusals by count come at most ``max_concurrent`` a second, longer in proportion
-        beyond (clients that send again at once after a refusal then send as often as the hold lets them: the
-        refusals a second grow as the square root of such a crowd, not in proportion), at most a tenth of the
-        request's deadline; 0 when ``refusal_delay`` is 0."""
-        cap = (deadline or self.settings.timeout) / 10
-        hold = min(self.settings.refusal_delay, cap)
-        if hold <= 0:
-            return 0.0
-        a = self.admission
-        per_second = a.crowd() / CROWD_WINDOW_S
-        return min(cap, hold * max(1.0, per_second / a.max_concurrent))
-
     async def hold_refusal(self, deadline: float | None = None) -> None:
-        """Hold a 429 ``refusal_hold`` seconds. A closed-loop client that sends again at once after a refusal then
-        sends a request every hold instead of hundreds a second, and the engine keeps the cores (issue 28). Every
-        429 is held, the early one (before the body) and the late one (its body showed a light request in a heavy
-        place, or over its class's share): a late refusal held nothing let aggressive clients cycle through the
-        heavy places, each turn a body read and validated (issue 47)."""
-        hold = self.refusal_hold(deadline)
+        """Hold a 429 ``refusal_delay`` seconds before it is sent, at most a tenth of the request's deadline (an
+        asyncio timer: no CPU; the request holds no place meanwhile). A closed-loop client that sends again at once
+        after a refusal then sends a request every hold instead of hundreds a second, and the engine keeps the
+        cores (issue 28). Every 429 is held, the early one (before the body) and the late one (its body showed a
+        light request in a heavy place, or over its class's share): a late refusal held nothing let aggressive
+        clients cycle through the heavy places, each turn a body read and validated (issue 47)."""
+        hold = min(self.settings.refusal_delay, (deadline or self.settings.timeout) / 10)
         if hold > 0:
             await asyncio.sleep(hold)
 
-    @staticmethod
-    def _overloaded(why: str, after: int) -> Overloaded:
-        return Overloaded(why, after)
 
     # ------------------------------------------------------------------ requests
     async def search(self, body: dict, place: Place | None = None, rid: str | None = None) -> dict:
@@ -246,7 +230,7 @@ class HTTPFront:
             cost = self.cost(req)
             refused = self.admission.refusal(place.deadline, cost, admitted=True, cost=cost)
             if refused is not None:
-                raise self._overloaded(*refused)
+                raise Overloaded(*refused)
             ticket = self.admission.take(cost)
             return await work(req, place.deadline)
         except asyncio.TimeoutError:

@@ -36,8 +36,7 @@ class ServeSettings:
     timeout: float = _f(30.0, "seconds a request may take before it gets 504")
     refusal_delay: float = _f(0.5, "seconds a 429 is held before it is sent (a timer: no CPU, no engine place), so "
                                     "that clients retrying at once after a refusal cannot make refusals the server's "
-                                    "main work; longer in proportion while more than --max-concurrent refusals a "
-                                    "second come, up to a tenth of the request's deadline (0: at once)")
+                                    "main work; well-behaved clients wait Retry-After (>= 1 s) anyway (0: at once)")
     body_timeout: float = _f(10.0, "seconds a client may take to send its request body after its head; a slower one "
                                    "gets 408 and its connection is closed")
     header_timeout: float = _f(10.0, "seconds a client may take to send a request's head (request line and headers), "

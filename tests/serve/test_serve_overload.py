@@ -484,37 +484,3 @@ def test_aggressive_retrying_clients_keep_the_goodput_of_capacity(small_index_di
         proc.terminate()
         proc.wait(TIMEOUT)
 
-
-def test_a_refusal_is_held_longer_while_refusals_come_faster_than_the_places(monkeypatch):
-    """A 429 is held refusal_delay while at most max_concurrent refusals by count come a second (over the crowd's
-    window), longer in proportion beyond, at most a tenth of the deadline. So 256 clients retrying 10 ms after each
-    refusal send as often as the hold lets them: the refusals a second grow as the square root of their number,
-    not in proportion (issue 47)."""
-    from linearrag_torch.serve import admission
-    from linearrag_torch.serve.front import HTTPFront
-
-    clock = [1000.0]
-    monkeypatch.setattr(admission.time, "monotonic", lambda: clock[0])
-    a = Admission(max_concurrent=4)
-    a.in_flight = 4 + a.heavy_places  # full: every request below is refused by count
-    front = SimpleNamespace(settings=ServeSettings(refusal_delay=0.5, timeout=30.0), admission=a)
-
-    def hold(deadline=30.0):
-        return HTTPFront.refusal_hold(front, deadline)
-
-    assert hold() == 0.5  # nobody refused yet
-    for _ in range(4 * admission.CROWD_WINDOW_S):  # 4 a second over the window: max_concurrent a second
-        a.refusal(30.0)
-    assert hold() == 0.5
-    for _ in range(4 * admission.CROWD_WINDOW_S):  # 8 a second: twice as long
-        a.refusal(30.0)
-    assert hold() == pytest.approx(1.0) and hold(deadline=5.0) == 0.5  # a tenth of a 5 s deadline at most
-    for _ in range(1000):
-        a.refusal(30.0)
-    assert hold() == 3.0  # a tenth of 30 s at most
-    clock[0] += admission.CROWD_WINDOW_S  # the crowd left the window
-    assert hold() == 0.5
-    off = SimpleNamespace(settings=ServeSettings(refusal_delay=0.0), admission=a)
-    for _ in range(1000):
-        a.refusal(30.0)
-    assert HTTPFront.refusal_hold(off, 30.0) == 0.0  # 0: at once
