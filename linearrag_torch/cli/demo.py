@@ -50,6 +50,7 @@ def run(args) -> int:
     shown = questions[: max(0, args.questions)]
     t0 = time.perf_counter()
     later_rounds = False  # a hit shown was found by a later round: the legend says what that means
+    shown_bridges = False  # a hit shown was reached through a chain seed: the legend says what that means
     explained = rag.explain([q["question"] for q in shown], top_k=args.top_k)
     for q, ex in zip(shown, explained):
         gold = set(q["supporting_ids"])
@@ -64,7 +65,8 @@ def run(args) -> int:
                   f"{pair[0]} and {pair[1]} by score before it (pairs.py); each keeps its own score")
         # the round that found each hit: a later round's scores are its own PageRank's, on another scale
         found = {f["id"]: f["round"] for f in ex.get("found") or []}
-        for rank, (hit, ents) in enumerate(ex["hits"], 1):
+        bridged = ex.get("bridges") or [[] for _ in ex["hits"]]
+        for rank, ((hit, ents), via) in enumerate(zip(ex["hits"], bridged), 1):
             mark = "*" if hit.id in gold else " "
             later = found.get(hit.id) or 1
             later_rounds |= later > 1
@@ -74,6 +76,11 @@ def run(args) -> int:
                 names = [f"{n} ({'seed' if t == 1 else f'hop {t - 1}'})" for n, t, _ in ents[:6]]
                 more = f" and {len(ents) - 6} more" if len(ents) > 6 else ""
                 print("      entities: " + ", ".join(names) + more)
+            if via and (later > 1 or not ents):  # how the later round reached a passage the first did not bridge to
+                shown_bridges = True
+                print("      bridge: " + ", ".join(n for n, _ in via[:4])
+                      + (f" and {len(via) - 4} more" if len(via) > 4 else "")
+                      + " (named in the first round's top passages)")
         note = order_note(rag.config)
         if note and any(a.score < b.score for (a, _), (b, _) in zip(ex["hits"], ex["hits"][1:])):
             print(f"   ({note})")  # the stages that set this order, not a bug
@@ -84,6 +91,9 @@ def run(args) -> int:
     if later_rounds:
         print("\n(found by round 2): a passage the second round found from the entities of the first round's top "
               "passages; its score is that round's, on its own scale")
+    if shown_bridges:
+        print("bridge: the entities a later round started from (chain seeds: named in the first round's top "
+              "passages) that this passage contains; `linearrag query --explain` lists them all")
     print(f"\n* = gold supporting passage. On all {len(questions)} bundled questions: "
           f"recall@2 {100 * r2 / len(questions):.1f}, recall@5 {100 * r5 / len(questions):.1f} "
           f"({rag.config.mode} mode, device {rag.device}, {dt:.1f} s for the questions)")

@@ -456,6 +456,11 @@ def test_demo_answers_bundled_questions_from_a_cached_index(small_index_dir, cap
     assert f"Q: {questions[2]['question']}" not in out
     assert "seeds: " in out
     assert re.search(r"^ \*1\. Thunder on the Hill  score ", out, re.M)  # gold passages are starred
+    # the second hop, which names no entity of the question, shows the entity that bridged to it from the film's
+    # passage (a chain seed of the later round), and the legend says what a bridge is
+    assert re.search(r"^ \*\d\. Hans J\. Salter  score \S+(  \(found by round \d\))?\n"
+                     r"      bridge: (.*, )?Hans J\. Salter\b", out, re.M), out
+    assert "\nbridge: the entities a later round started from" in out
     assert re.search(r"On all 40 bundled questions: recall@2 [\d.]+, recall@5 [\d.]+", out)
     # a question whose shown scores are out of order says which stages set the order
     for block in re.split(r"^(?=Q: )", out, flags=re.M)[1:]:
