@@ -1,6 +1,7 @@
 """`linearrag demo`: index the bundled 2WikiMultiHopQA sample and show multi-hop retrieval at work."""
 from __future__ import annotations
 
+import argparse
 import hashlib
 import sys
 import time
@@ -16,7 +17,10 @@ def add_parser(sub) -> None:
                        description="Index a few hundred bundled 2WikiMultiHopQA passages (cached after the first run) "
                                    "and show, for each bundled question, the passages found and the entities that bridged them.")
     d.add_argument("--top-k", type=int, default=3, help="passages shown per question (default %(default)s)")
-    d.add_argument("--questions", type=int, default=5, help="how many bundled questions to answer (default %(default)s)")
+    d.add_argument("--limit", type=int, default=5, metavar="N",
+                   help="how many of the bundled questions to show (default %(default)s)")
+    # the old spelling, which `query --questions FILE` made confusing: still accepted, with a note
+    d.add_argument("--questions", type=int, default=None, dest="old_questions", help=argparse.SUPPRESS)
     d.add_argument("--cache", default=None, help="where to keep the demo index (default: ~/.cache/linearrag_torch)")
     device_arg(d)
 
@@ -26,6 +30,10 @@ def run(args) -> int:
     from ..data import sample_corpus_path, sample_questions as demo_questions  # looked up when the demo runs
     from ..index import IndexFormatError  # deferred: imports torch
 
+    if args.old_questions is not None:
+        print("linearrag demo: --questions N is deprecated, use --limit N (query's --questions is a file)",
+              file=sys.stderr)
+        args.limit = args.old_questions
     corpus = sample_corpus_path()
     digest = hashlib.sha256(corpus.read_bytes()).hexdigest()[:12]
     cache = Path(args.cache) if args.cache else env.cache_dir()
@@ -47,7 +55,7 @@ def run(args) -> int:
               f"in {time.perf_counter() - t0:.1f} s; saved to {index_dir}", file=sys.stderr)
 
     questions = demo_questions()
-    shown = questions[: max(0, args.questions)]
+    shown = questions[: max(0, args.limit)]
     t0 = time.perf_counter()
     later_rounds = False  # a hit shown was found by a later round: the legend says what that means
     shown_bridges = False  # a hit shown was reached through a chain seed: the legend says what that means

@@ -1,8 +1,12 @@
 """`linearrag query INDEX_DIR QUESTION ...`: rank the passages of an index for questions."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from ..config import ENCODER_BACKENDS
-from .common import order_note, print_explanations, print_hits, question_items, require_encoder_backend
+from .common import (count, order_note, print_explanations, print_hits, question_items, require_encoder_backend,
+                     sizes)
 from .flags import add_retrieval_flags, device_arg, positive_int, retrieval_config
 
 
@@ -63,6 +67,8 @@ def run(args) -> int:
     rag = LinearRAG.load(args.index_dir, device=args.device, quantize=args.quantize,
                          encoder_backend=args.encoder_backend)
     rag.config = retrieval_config(args, rag.config)
+    # the models load on first use, the longest wait of a short query: say what is loading (stderr: --json stays)
+    print(loading_line(rag.index, len(items), args.quantize, args.encoder_backend), file=sys.stderr)
     if args.ner_processes and len(items) >= 16:  # smaller batches would not use them
         rag.start_ner_processes(args.ner_processes)
     results = []
@@ -78,3 +84,12 @@ def run(args) -> int:
         return 0
     print_hits(items, results, args.json, order_note(rag.config.replace(top_k=args.top_k)))
     return 0
+
+
+def loading_line(index, questions: int, quantize: str | None, backend: str) -> str:
+    """"Loading spaCy X and the encoder Y (...) for N questions on P passages, S sentences, E entities ...": what
+    `query` prints while the question models load."""
+    ic = index.index_config
+    how = ", ".join(x for x in (quantize, backend if backend != "torch" else None) if x)
+    return (f"Loading spaCy {ic.spacy_model} and the encoder {Path(ic.encoder).name}" + (f" ({how})" if how else "")
+            + f" for {count(questions, 'question')} on {sizes(index.summary())} ...")

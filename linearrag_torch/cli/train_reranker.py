@@ -17,8 +17,10 @@ def add_parser(sub) -> None:
         "train-reranker", help="train the cross-encoder reranker on questions with their paragraphs",
         description="Train the reranker that `--rerank` uses: a cross-encoder (question and passage read together) "
                     "initialised from the packaged all-MiniLM-L6-v2. TRAIN.jsonl holds one question a line: "
-                    '"question" and "paragraphs", a list of {"title", "text", "supporting"} (the format of '
-                    "datasets/train_multihop). Negatives: each question's other paragraphs and the engine's own "
+                    '"question" and "paragraphs", a list of {"title", "text", "supporting"}: the format of the '
+                    "training set the shipped reranker was trained on (train_multihop: 1,348 questions of the train "
+                    "splits of 2WikiMultiHopQA, HotpotQA and MuSiQue, each with the paragraphs it was published "
+                    "with; not in this repository: docs/reranker.md, 'The training set', says where it comes from). Negatives: each question's other paragraphs and the engine's own "
                     "top-ranked wrong passages over an index of the file's paragraphs (mining). Writes OUT/model "
                     "(load it with --reranker OUT/model); a checkpoint in OUT lets an interrupted run restart.")
     p.add_argument("--train", required=True, metavar="TRAIN.jsonl", help="training questions with their paragraphs")
