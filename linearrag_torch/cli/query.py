@@ -13,12 +13,12 @@ from .flags import add_retrieval_flags, device_arg, positive_int, retrieval_conf
 def _query_speed_args(p):
     p.add_argument("--quantize", choices=("bfloat16", "int8", "int8-all"), default=None,
                    help="the question encoder in reduced precision: bfloat16 (bf16 autocast where the device has "
-                        "native bf16: ~2.4x faster on a CPU with AMX; a question's scores then depend on its batch "
-                        "by ~1e-4), int8 or int8-all (int8 Linear layers, CPU only; vectors within cosine ~0.99 "
-                        "resp. ~0.98 of the exact ones). Default: exact float32 whatever the index was encoded in")
+                        "native bf16: faster; a question's scores then depend on its batch, slightly), int8 or "
+                        "int8-all (int8 Linear layers, CPU only; vectors close to the exact ones, int8-all less so; "
+                        "docs/tuning.md has the figures). Default: exact float32 whatever the index was encoded in")
     p.add_argument("--encoder-backend", choices=ENCODER_BACKENDS, default="torch",
                    help="where the question encoder runs: torch, or onnx (float32 on ONNX Runtime, CPU only, extra "
-                        "[onnx]: the same vectors to float noise, its encoder stage ~1.2-1.3x faster; exported "
+                        "[onnx]: the same vectors to float noise, its encoder stage faster (docs/tuning.md); exported "
                         "once into ~/.cache/linearrag_torch/onnx) (default torch)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads (default: $LINEARRAG_THREADS, else one per core; use 1 on cores shared "
@@ -58,7 +58,7 @@ def run(args) -> int:
     if args.shards:
         if args.ner_processes:
             raise SystemExit("linearrag query: error: --ner-processes does not apply with --shards")
-        from ..distributed.launch import cmd_query_sharded  # deferred: imports torch
+        from .sharded import cmd_query_sharded
 
         return cmd_query_sharded(args, items)
     from ..runtime.threads import set_threads  # deferred: imports torch

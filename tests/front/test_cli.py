@@ -130,7 +130,7 @@ def test_the_local_build_loads_each_model_once_and_no_ray_code(tiny_corpus, tiny
     def no_ray(*args, **kwargs):
         raise AssertionError("the local build went through ray_build")
 
-    for name in ("build", "add", "connect"):
+    for name in ("build_index_on_ray", "add", "connect"):
         monkeypatch.setattr(ray_build, name, no_ray)
     for command in (index_command, add_command):  # the RayOptions of the flags
         monkeypatch.setattr(command, "ray_options", no_ray)

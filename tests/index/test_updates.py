@@ -177,7 +177,7 @@ def test_equal_tokens_are_found_by_hash_and_checked(nlp, encoder, monkeypatch, o
     changes nothing (the tokens are compared); an index without stored hashes gets them computed."""
     import dataclasses
 
-    from linearrag_torch.indexing import encoding
+    from linearrag_torch.models import encoding
 
     base = [Passage("a", "Paris", "Paris is the capital of France."), Passage("b", "", "Marie Curie lived in Paris.")]
     more = [Passage("c", "PARIS", "PARIS is the capital of FRANCE."), Passage("d", "", "Rome is the capital of Italy.")]

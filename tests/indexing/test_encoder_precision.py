@@ -15,7 +15,7 @@ from linearrag_torch import LinearRAG, env
 from linearrag_torch.indexing.build import build_index
 from linearrag_torch.config import IndexConfig
 from linearrag_torch.corpus import as_passages
-from linearrag_torch.indexing.encoding import Encoder, native_bf16, resolve_precision
+from linearrag_torch.models.encoding import Encoder, native_bf16, resolve_precision
 from linearrag_torch.index import TriGraphIndex, passage_text
 
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from linearrag_torch import Hit, LinearRAG, RetrievalConfig
-from linearrag_torch.indexing.encoding import resolve_model_folder
-from linearrag_torch.indexing.nlp import question_entities
+from linearrag_torch.models.encoding import resolve_model_folder
+from linearrag_torch.models.nlp import question_entities
 
 from conftest import assert_pair_moved, demo_questions
 
