@@ -19,7 +19,7 @@ PassageId = Union[int, str]
 class Hit(NamedTuple):
     """A passage as a search returns it (LinearRAG.search, the sharded engine, the HTTP client, the adapters).
 
-    Parameters
+    Attributes
     ----------
     id : int or str
         The passage's corpus id.

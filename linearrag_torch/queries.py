@@ -163,7 +163,7 @@ class EncodedQueries:
 class Retrieved(NamedTuple):
     """Top-k passages per question: row indices into the index's passages, best first, and scores.
 
-    Parameters
+    Attributes
     ----------
     indices : torch.Tensor
         [B, k] int64 passage rows, best first, with k = min(top_k, number of passages).

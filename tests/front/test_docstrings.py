@@ -144,6 +144,8 @@ def class_problems(name: str, cls, document_params: bool = True) -> list[str]:
     body = section(doc, "Parameters")
     if body is None and init is not None and init.__doc__:
         body = section(inspect.cleandoc(init.__doc__), "Parameters")
+    if body is None and hasattr(cls, "_fields"):  # a NamedTuple: its fields are its attributes (as griffe reads them)
+        body = section(doc, "Attributes")
     if body is None:
         return [f"{name}: no 'Parameters' section for the constructor's {params}"]
     undocumented = [p for p in params if p not in documented_names(body)]
