@@ -38,8 +38,8 @@ def test_auto_is_bfloat16_only_on_a_cpu_with_native_bf16(monkeypatch, amx, avx51
         warnings.simplefilter("always")
         assert resolve_precision("bfloat16", "cpu") == "bfloat16"
     assert [str(w.message) for w in caught if "emulates" in str(w.message)] == ([] if want == "bfloat16" else [
-        "bfloat16 on cpu without native bf16 (AMX-BF16, AVX512-BF16 or CUDA): torch emulates it, measured 5.8x "
-        "slower than float32 on an AVX2 CPU"])
+        "bfloat16 on cpu without native bf16 (AMX-BF16, AVX512-BF16 or CUDA): torch emulates it, far slower than "
+        "float32 (docs/tuning.md, 'Encoder precision')"])
 
 
 def test_auto_elsewhere_and_bad_values():
