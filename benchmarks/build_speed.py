@@ -35,9 +35,9 @@ from benchmarks.common import log, machine  # noqa: E402
 from linearrag_torch.indexing.build import build_index  # noqa: E402
 from linearrag_torch.config import ENCODER_PRECISIONS, IndexConfig  # noqa: E402
 from linearrag_torch.corpus import read_corpus  # noqa: E402
-from linearrag_torch.indexing.encoding import Encoder, native_bf16  # noqa: E402
+from linearrag_torch.models.encoding import Encoder, native_bf16  # noqa: E402
 from linearrag_torch.index import TriGraphIndex  # noqa: E402
-from linearrag_torch.indexing.nlp import load_spacy  # noqa: E402
+from linearrag_torch.models.nlp import load_spacy  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 STAGES = ("load_spacy", "load_encoder", "ner", "graph", "counts", "embed_passages", "embed_sentences", "embed_entities")

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 from linearrag_torch import LinearRAG  # noqa: E402
 from linearrag_torch.api import resolve_device  # noqa: E402
-from linearrag_torch.indexing.encoding import resolve_precision  # noqa: E402
+from linearrag_torch.models.encoding import resolve_precision  # noqa: E402
 from linearrag_torch.config import IndexConfig, RetrievalConfig  # noqa: E402
 from linearrag_torch.corpus import read_questions  # noqa: E402
 from linearrag_torch.answers.scoring import answer_in_context, normalize_answer  # noqa: E402,F401

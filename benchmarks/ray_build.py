@@ -4,7 +4,7 @@
     python -m benchmarks.ray_build --data /work/shared/datasets/2wiki --ray-address HOST:6379
 
 Builds the corpus twice in this process, first as `linearrag index` does (LinearRAG.build, models
-loaded inside the timing) and then with ray_build.build (a Ray started here with --ray-cpus CPUs, or
+loaded inside the timing) and then with ray_build.build_index_on_ray (a Ray started here with --ray-cpus CPUs, or
 the cluster at --ray-address; its start is timed apart), writes both indexes and compares them with
 benchmarks.compare_indexes (strings, matrices, NER record, embeddings, top-k of every question in
 both modes). Writes benchmarks/results/ray_build_<dataset>.json: wall times, per-stage seconds,
@@ -65,8 +65,8 @@ def run(args) -> dict:
                                     encode_actors=args.encode_actors, encode_cpus=args.encode_cpus)
         stages: dict = {}
         t = time.perf_counter()
-        built = ray_build.build(passages, index_config=icfg, options=opts, device="cpu", progress=not args.quiet,
-                                timings=stages)
+        built = LinearRAG(ray_build.build_index_on_ray(passages, index_config=icfg, options=opts,
+                                                       progress=not args.quiet, timings=stages), "cpu")
         built.save(Path(tmp) / "ray")
         result["ray_build_s"] = time.perf_counter() - t
         result["ray_stages_s"] = {k: round(v, 2) for k, v in stages.items()}

@@ -63,8 +63,8 @@ def measure_real_corpus(folder: Path, encode_sample: int = 256, seed: int = 0) -
     from linearrag_torch.indexing.build import build_index
     from linearrag_torch.index import passage_text
     from linearrag_torch.corpus import read_corpus
-    from linearrag_torch.indexing.encoding import Encoder
-    from linearrag_torch.indexing.nlp import load_spacy
+    from linearrag_torch.models.encoding import Encoder
+    from linearrag_torch.models.nlp import load_spacy
 
     cfg = IndexConfig()
     passages = read_corpus(folder / "corpus.jsonl")

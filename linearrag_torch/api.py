@@ -540,7 +540,8 @@ class LinearRAG(QuestionModels):
             rerank (pairs.py; None without it); "rerank", with the learned reranker each reranked hit's fused
             score, reranker logit and graph score and rank (else None); "found", per hit the round that found it
             with its rank and score there; "hits" [(Hit, [(entity, tier, activation)])], the first round's
-            activated entities found in each hit passage (tier >= 2: reached by semantic bridging).
+            activated entities found in each hit passage (tier >= 2: reached by semantic bridging); "bridges",
+            per hit the chain seeds [(entity, score)] its passage contains: how a later round reached it.
 
         Examples
         --------

@@ -300,9 +300,9 @@ class IndexConfig:
     max_length: int = _f(256, "encoder truncation, in tokens")
     batch_size: int = _f(256, "most texts per encoder forward pass; a pass also holds at most 4,096 padded tokens "
                               "on a CPU (65,536 on a GPU), texts sorted by token count")
-    encoder_precision: str = _f("auto", "what the encoder runs in: float32 (exact), bfloat16 (bf16 autocast: 2.4x "
-                                        "faster on a CPU with AMX, vectors within cosine 0.9999 of float32; recall@5 "
-                                        "within 0.1 point of float32 on the dev sets), or auto "
+    encoder_precision: str = _f("auto", "what the encoder runs in: float32 (exact), bfloat16 (bf16 autocast: "
+                                        "faster where the device has native bf16, the vectors and recall all but "
+                                        "float32's: docs/tuning.md, 'Encoder precision'), or auto "
                                         "(bfloat16 where the device has native bf16: CUDA, CPUs with AMX or "
                                         "AVX512-BF16; float32 elsewhere). The index stores what was used and "
                                         "`add` encodes new passages the same way; questions are encoded in "

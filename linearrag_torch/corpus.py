@@ -17,7 +17,19 @@ PassageId = Union[int, str]
 
 
 class Hit(NamedTuple):
-    """A passage as a search returns it (LinearRAG.search, the sharded engine, the HTTP client, the adapters)."""
+    """A passage as a search returns it (LinearRAG.search, the sharded engine, the HTTP client, the adapters).
+
+    Attributes
+    ----------
+    id : int or str
+        The passage's corpus id.
+    score : float
+        Its score in the ranking (higher is better; a later round's on that round's own scale).
+    title, text : str
+        The passage's title ("" without one) and text.
+    row : int
+        Its position in the index (``TriGraphIndex`` rows); -1 where a server's reply does not say.
+    """
 
     id: object  # the corpus id
     score: float
@@ -32,6 +44,18 @@ class InputError(ValueError):
 
 @dataclass(frozen=True)
 class Passage:
+    """A passage of a corpus, as ``read_corpus`` reads it.
+
+    Parameters
+    ----------
+    id : int or str
+        Its corpus id (unique in the corpus).
+    title : str
+        Its title ("" without one).
+    text : str
+        Its text.
+    """
+
     id: PassageId
     title: str
     text: str

@@ -56,7 +56,7 @@ CACHE = Variable(
     "LINEARRAG_CACHE", "~/.cache/linearrag_torch",
     "folder of what the package caches: the demo's index (`linearrag demo`), the ONNX export of the question "
     "encoder (`onnx/`)",
-    "cli/demo.py, indexing/onnx_encoder.py")
+    "cli/demo.py, models/onnx_encoder.py")
 API_KEY = Variable(
     "LINEARRAG_API_KEY", None,
     "the server requires `Authorization: Bearer KEY` on every route but /health (`--api-key` overrides it); "

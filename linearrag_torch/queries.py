@@ -37,18 +37,35 @@ class PassagePrior:
 
 @dataclass
 class EncodedQueries:
-    """A batch of B questions after NER and encoding (the input of both backends).
+    """A batch of B questions after NER and encoding (the input of both backends; ``LinearRAG.encode_queries``
+    makes it).
 
-    query_emb     [B, D] float32, L2-normalised question embeddings
-    entity_emb    [Q, D] float32, L2-normalised embeddings of the questions' entities (lower-cased)
-    entity_owner  [Q]    int64, the question (0..B-1) each entity belongs to
-    entity_text   Q strings, for diagnostics
-    entity_rows   [Q] int64 or None: the index entity whose stored vector an entity took (-1: encoded),
-                  valid for the index ``rows_of`` only (the engine compares it by identity)
-    prior         PassagePrior or None: the dense prior of a chain's later round (chain.py), for the
-                  passages of the index (or shard) it was made for
-    rerank_tokens rerank.scoring.QuestionTokens or None: the questions' token ids for the reranker
-                  (set by LinearRAG.encode_queries when its config has rerank)
+    Parameters
+    ----------
+    query_emb : torch.Tensor
+        [B, D] float32, L2-normalised question embeddings.
+    entity_emb : torch.Tensor
+        [Q, D] float32, L2-normalised embeddings of the questions' entities (lower-cased).
+    entity_owner : torch.Tensor
+        [Q] int64, the question (0..B-1) each entity belongs to.
+    entity_text : list of str
+        The Q entities' texts, for diagnostics.
+    entity_rows : torch.Tensor, optional
+        [Q] int64: the index entity whose stored vector an entity took (-1: encoded), valid for the index
+        ``rows_of`` only (the engine compares it by identity).
+    rows_of : TriGraphIndex, optional
+        The index ``entity_rows`` refers to.
+    prior : PassagePrior, optional
+        The dense prior of a chain's later round (chain.py), for the passages of the index (or shard) it was
+        made for.
+    rerank_tokens : rerank.scoring.QuestionTokens, optional
+        The questions' token ids for the reranker (set by LinearRAG.encode_queries when its config has rerank).
+
+    Examples
+    --------
+    >>> enc = rag.encode_queries(["Who directed Blue River?"])
+    >>> enc.batch_size, enc.entity_text
+    (1, ['blue river'])
     """
 
     query_emb: torch.Tensor
@@ -62,18 +79,35 @@ class EncodedQueries:
 
     @property
     def batch_size(self) -> int:
+        """B, the number of questions."""
         return int(self.query_emb.shape[0])
 
     def has_entities(self) -> torch.Tensor:
-        """[B] bool on entity_owner's device: the questions with at least one entity (the others are answered by
-        dense retrieval)."""
+        """Which questions have at least one entity (the others are answered by dense retrieval).
+
+        Returns
+        -------
+        torch.Tensor
+            [B] bool, on entity_owner's device.
+        """
         owner = self.entity_owner
         return torch.zeros(self.batch_size, dtype=torch.bool, device=owner.device).index_fill_(0, owner, True)
 
     def select(self, rows) -> "EncodedQueries":
-        """The questions at positions ``rows`` (distinct, in that order), with their entities in their
-        order here and owners renumbered from 0; the stored-vector rows (entity_rows) of those entities come
-        along, so that a chunk of a large batch seeds from them as the whole batch would."""
+        """The questions at some positions, with their entities in their order here and owners renumbered from
+        0; the stored-vector rows (entity_rows) of those entities come along, so that a chunk of a large batch
+        seeds from them as the whole batch would.
+
+        Parameters
+        ----------
+        rows : iterable of int
+            The positions (distinct), in the order the new batch takes them.
+
+        Returns
+        -------
+        EncodedQueries
+            The selected questions.
+        """
         rows = [int(r) for r in rows]
         new = torch.full((self.batch_size,), -1, dtype=torch.int64, device=self.entity_owner.device)
         new[torch.tensor(rows, dtype=torch.int64, device=new.device)] = torch.arange(len(rows), device=new.device)
@@ -91,10 +125,33 @@ class EncodedQueries:
         )
 
     def slice(self, start: int, stop: int) -> "EncodedQueries":
-        """Questions start .. stop - 1 (see select)."""
+        """Questions start .. stop - 1 (see select).
+
+        Parameters
+        ----------
+        start, stop : int
+            The first position and the one after the last.
+
+        Returns
+        -------
+        EncodedQueries
+            Those questions.
+        """
         return self.select(range(start, stop))
 
     def to(self, device) -> "EncodedQueries":
+        """The batch with its tensors on another device.
+
+        Parameters
+        ----------
+        device : str or torch.device
+            Where the tensors go.
+
+        Returns
+        -------
+        EncodedQueries
+            A new batch (tensors already there are shared).
+        """
         return EncodedQueries(
             self.query_emb.to(device), self.entity_emb.to(device), self.entity_owner.to(device), self.entity_text,
             None if self.entity_rows is None else self.entity_rows.to(device), self.rows_of,
@@ -106,12 +163,36 @@ class EncodedQueries:
 class Retrieved(NamedTuple):
     """Top-k passages per question: row indices into the index's passages, best first, and scores.
 
-    indices [B, k] int64, scores [B, k] float32, with k = min(top_k, number of passages).
+    Attributes
+    ----------
+    indices : torch.Tensor
+        [B, k] int64 passage rows, best first, with k = min(top_k, number of passages).
+    scores : torch.Tensor
+        [B, k] float32, their scores.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from linearrag_torch import Retrieved
+    >>> r = Retrieved(torch.tensor([[2, 0, 1]]), torch.tensor([[0.5, 0.3, 0.2]]))
+    >>> r.head(2).indices.tolist()
+    [[2, 0]]
     """
 
     indices: torch.Tensor
     scores: torch.Tensor
 
     def head(self, k: int) -> "Retrieved":
-        """The first k passages of each question (all of them when there are fewer)."""
+        """The first k passages of each question (all of them when there are fewer).
+
+        Parameters
+        ----------
+        k : int
+            How many.
+
+        Returns
+        -------
+        Retrieved
+            The first k of each row.
+        """
         return Retrieved(self.indices[:, :k], self.scores[:, :k])

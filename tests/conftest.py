@@ -62,8 +62,8 @@ SLOW_TESTS = {
     "test_readme_commands_run_as_written", "test_readme_python_snippets_run_as_written",
     "test_questions_are_float32_and_add_encodes_in_the_index_precision", "test_auto_is_stored_resolved",
     "test_index_and_query_with_a_local_sentence_transformers_folder",
-    "test_the_loop_reads_the_host_as_often_for_any_batch",
-    "test_aggressive_retrying_clients_keep_the_goodput_of_capacity",
+    "test_the_loop_reads_the_host_as_often_for_any_batch", "test_a_planted_broken_link_fails_the_docs_build",
+    "test_the_readme_server_snippet_runs_as_written", "test_aggressive_retrying_clients_keep_the_goodput_of_capacity",
 }
 
 

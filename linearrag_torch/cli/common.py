@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..runtime.words import count, sizes  # noqa: F401 - the commands' counts (runtime/: the Ray parts print them too)
+
 
 def retrieval_settings(args) -> dict:
     """The RetrievalConfig fields given as flags (None: not given)."""
@@ -128,16 +130,6 @@ def print_explanations(items: list, explanations: list) -> None:
         hits = [{"id": h.id, "score": h.score, "title": h.title, "entities": [list(e) for e in ents]}
                 for h, ents in ex["hits"]]
         print(json.dumps({"id": it["id"], **ex, "hits": hits}, ensure_ascii=False))
-
-
-def count(n: int, noun: str, plural: str | None = None) -> str:
-    """"1 passage", "2 passages", "1 entity" (with ``plural`` "entities"): the counts the commands print."""
-    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
-
-
-def sizes(summary: dict) -> str:
-    """"N passages, N sentences, N entities" of an index summary (TriGraphIndex.summary)."""
-    return ", ".join(count(summary[k], k[:-1] if k != "entities" else "entity", k) for k in ("passages", "sentences", "entities"))
 
 
 def snippet(text: str, n: int) -> str:

@@ -1,6 +1,7 @@
 """`linearrag delete INDEX_DIR --ids ID,...`: remove passages from an index."""
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -13,11 +14,16 @@ def add_parser(sub) -> None:
                                    "the result answers like an index built without them. The folder is locked while "
                                    "it is updated and replaced atomically.")
     r.add_argument("index_dir", metavar="INDEX_DIR")
+    # ids given without --ids (`linearrag delete INDEX 2`): caught here, to say how to give them
+    r.add_argument("stray", nargs="*", metavar="ID", help=argparse.SUPPRESS)
     r.add_argument("--ids", metavar="ID,...", help="comma-separated passage ids")
     r.add_argument("--ids-file", metavar="FILE", help='one id per line, or JSON lines with an "id" field (a corpus file)')
 
 
 def run(args) -> int:
+    if args.stray:
+        raise ValueError(f"the ids go after --ids: linearrag delete {args.index_dir} --ids {','.join(args.stray)} "
+                         "(or --ids-file FILE)")
     ids = []
     if args.ids is not None:
         ids += [x.strip() for x in args.ids.split(",")]

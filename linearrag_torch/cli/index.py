@@ -38,10 +38,10 @@ def run(args) -> int:
     existing = Path(args.index_dir).is_dir()  # replacing an index: lock before the work, not only to write
     with index_lock(args.index_dir) if existing else nullcontext():
         if args.ray is not None:  # the local build does not touch the Ray code
-            from ..indexing.ray_build import build as ray_build
+            from ..indexing.ray_build import build_index_on_ray
 
-            rag = ray_build(args.corpus, index_config=icfg, config=cfg, options=ray_options(args),
-                            device=args.device, progress=not args.quiet)
+            rag = LinearRAG(build_index_on_ray(args.corpus, index_config=icfg, config=cfg, options=ray_options(args),
+                                               progress=not args.quiet), args.device)
         else:
             rag = LinearRAG.build(args.corpus, index_config=icfg, config=cfg, device=args.device, progress=not args.quiet)
         rag.save(args.index_dir)

@@ -1,20 +1,24 @@
 """`linearrag query INDEX_DIR QUESTION ...`: rank the passages of an index for questions."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from ..config import ENCODER_BACKENDS
-from .common import order_note, print_explanations, print_hits, question_items, require_encoder_backend
+from .common import (count, order_note, print_explanations, print_hits, question_items, require_encoder_backend,
+                     sizes)
 from .flags import add_retrieval_flags, device_arg, positive_int, retrieval_config
 
 
 def _query_speed_args(p):
     p.add_argument("--quantize", choices=("bfloat16", "int8", "int8-all"), default=None,
                    help="the question encoder in reduced precision: bfloat16 (bf16 autocast where the device has "
-                        "native bf16: ~2.4x faster on a CPU with AMX; a question's scores then depend on its batch "
-                        "by ~1e-4), int8 or int8-all (int8 Linear layers, CPU only; vectors within cosine ~0.99 "
-                        "resp. ~0.98 of the exact ones). Default: exact float32 whatever the index was encoded in")
+                        "native bf16: faster; a question's scores then depend on its batch, slightly), int8 or "
+                        "int8-all (int8 Linear layers, CPU only; vectors close to the exact ones, int8-all less so; "
+                        "docs/tuning.md has the figures). Default: exact float32 whatever the index was encoded in")
     p.add_argument("--encoder-backend", choices=ENCODER_BACKENDS, default="torch",
                    help="where the question encoder runs: torch, or onnx (float32 on ONNX Runtime, CPU only, extra "
-                        "[onnx]: the same vectors to float noise, its encoder stage ~1.2-1.3x faster; exported "
+                        "[onnx]: the same vectors to float noise, its encoder stage faster (docs/tuning.md); exported "
                         "once into ~/.cache/linearrag_torch/onnx) (default torch)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads (default: $LINEARRAG_THREADS, else one per core; use 1 on cores shared "
@@ -54,7 +58,7 @@ def run(args) -> int:
     if args.shards:
         if args.ner_processes:
             raise SystemExit("linearrag query: error: --ner-processes does not apply with --shards")
-        from ..distributed.launch import cmd_query_sharded  # deferred: imports torch
+        from .sharded import cmd_query_sharded
 
         return cmd_query_sharded(args, items)
     from ..runtime.threads import set_threads  # deferred: imports torch
@@ -63,6 +67,8 @@ def run(args) -> int:
     rag = LinearRAG.load(args.index_dir, device=args.device, quantize=args.quantize,
                          encoder_backend=args.encoder_backend)
     rag.config = retrieval_config(args, rag.config)
+    # the models load on first use, the longest wait of a short query: say what is loading (stderr: --json stays)
+    print(loading_line(rag.index, len(items), args.quantize, args.encoder_backend), file=sys.stderr)
     if args.ner_processes and len(items) >= 16:  # smaller batches would not use them
         rag.start_ner_processes(args.ner_processes)
     results = []
@@ -78,3 +84,12 @@ def run(args) -> int:
         return 0
     print_hits(items, results, args.json, order_note(rag.config.replace(top_k=args.top_k)))
     return 0
+
+
+def loading_line(index, questions: int, quantize: str | None, backend: str) -> str:
+    """"Loading spaCy X and the encoder Y (...) for N questions on P passages, S sentences, E entities ...": what
+    `query` prints while the question models load."""
+    ic = index.index_config
+    how = ", ".join(x for x in (quantize, backend if backend != "torch" else None) if x)
+    return (f"Loading spaCy {ic.spacy_model} and the encoder {Path(ic.encoder).name}" + (f" ({how})" if how else "")
+            + f" for {count(questions, 'question')} on {sizes(index.summary())} ...")

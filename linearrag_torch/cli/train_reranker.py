@@ -17,8 +17,10 @@ def add_parser(sub) -> None:
         "train-reranker", help="train the cross-encoder reranker on questions with their paragraphs",
         description="Train the reranker that `--rerank` uses: a cross-encoder (question and passage read together) "
                     "initialised from the packaged all-MiniLM-L6-v2. TRAIN.jsonl holds one question a line: "
-                    '"question" and "paragraphs", a list of {"title", "text", "supporting"} (the format of '
-                    "datasets/train_multihop). Negatives: each question's other paragraphs and the engine's own "
+                    '"question" and "paragraphs", a list of {"title", "text", "supporting"}: the format of the '
+                    "training set the shipped reranker was trained on (train_multihop: 1,348 questions of the train "
+                    "splits of 2WikiMultiHopQA, HotpotQA and MuSiQue, each with the paragraphs it was published "
+                    "with; not in this repository: docs/reranker.md, 'The training set', says where it comes from). Negatives: each question's other paragraphs and the engine's own "
                     "top-ranked wrong passages over an index of the file's paragraphs (mining). Writes OUT/model "
                     "(load it with --reranker OUT/model); a checkpoint in OUT lets an interrupted run restart.")
     p.add_argument("--train", required=True, metavar="TRAIN.jsonl", help="training questions with their paragraphs")
@@ -64,7 +66,8 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import sys
 
-    from ..rerank.train import mine, mining_questions, read_training_file, train  # deferred: imports torch
+    from ..api import LinearRAG  # deferred (both): import torch
+    from ..rerank.train import mine, mining_corpus, mining_questions, read_training_file, train
 
     cfg = TrainConfig(epochs=args.epochs, seed=args.seed, lr=args.lr, negatives=args.negatives,
                       questions_per_step=args.questions_per_step, max_length=args.max_length,
@@ -84,8 +87,17 @@ def run(args) -> int:
     mine_keys = list(dict.fromkeys(k for q in mined for k in q.positives + q.negatives))
     print(f"{len(questions)} questions, {len(passages)} paragraphs; mining over the {len(mine_keys)} paragraphs of "
           f"{len(mined)} questions", file=sys.stderr)
-    mine(mined, {k: passages[k] for k in mine_keys}, Path(args.mine_index) if args.mine_index else out / "mining_index",
-         cfg.candidates, progress=not args.quiet, device=device)
+    index_dir = Path(args.mine_index) if args.mine_index else out / "mining_index"
+    if index_dir.is_dir() and any(index_dir.iterdir()):
+        rag = LinearRAG.load(index_dir, device=device)
+    else:  # built from the mining questions' paragraphs, ids = their keys
+        rag = LinearRAG.build(mining_corpus({k: passages[k] for k in mine_keys}), device=device,
+                              progress=not args.quiet)
+        rag.save(index_dir)
+    try:
+        mine(mined, rag, cfg.candidates, progress=not args.quiet)
+    finally:
+        rag.close()
     facts = train(questions, passages, out, cfg, init=args.init, device=device, progress=not args.quiet,
                   resume=not args.no_resume, half=not args.float32, log=lambda m: print(m, file=sys.stderr))
     print(json.dumps({"model": str(out / "model"), "train_seconds": facts["train_seconds"], "steps": facts["steps"],

@@ -12,6 +12,7 @@ from ..config import RetrievalConfig
 from ..corpus import Hit, check_question
 from ..index.graph import passage_text
 from ..queries import EncodedQueries, Retrieved
+from ..rerank import load_reranker
 from ..rerank.scoring import PassageTokens
 from ..retrieval import chain, engine, pairs, rerank_stage, stages  # engine: the single-process engine, whose math this one splits up
 from ..retrieval.activation import (ActivePairs, WholeIndex, dense_seeds, nearest_entities, propagate_paper,
@@ -80,7 +81,7 @@ class ShardedEngine:
         key = (cfg.reranker, cfg.reranker_precision)
         if key not in self._rerankers:
             sh = self.shard
-            r = models.load_reranker(cfg.reranker or None, sh.device, cfg.reranker_precision)
+            r = load_reranker(cfg.reranker or None, sh.device, cfg.reranker_precision)
             tokens = r.tokenize_passages([passage_text(t, x) for t, x in zip(sh.titles, sh.texts)])
             self._rerankers[key] = (r, _ShardPassageTokens(tokens, sh, self.comm))
         return self._rerankers[key]
@@ -563,6 +564,6 @@ def encode_questions(qindex: QuestionIndex, questions: list, cfg: RetrievalConfi
     enc = pipe.encode(questions, pipe.entities(questions, cfg.lexicon_seeds, None, cfg.question_ner), True)
     out = EncodedQueries(enc.query_emb, enc.entity_emb, enc.entity_owner, enc.entity_text, enc.entity_rows, None)
     if cfg.rerank:
-        reranker = reranker or models.load_reranker(cfg.reranker or None, device, cfg.reranker_precision)
+        reranker = reranker or load_reranker(cfg.reranker or None, device, cfg.reranker_precision)
         out.rerank_tokens = reranker.question_tokens(list(questions))
     return out

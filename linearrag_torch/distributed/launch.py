@@ -1,16 +1,14 @@
 """Starting the sharded engine: the process group (init_group, one device per rank), N local processes
-(run_local), and the per-rank jobs: query_job (`linearrag query --shards N`: cmd_query_sharded; the
-torchrun entry point, __main__.py) and retrieve_job (tests, benchmarks)."""
+(run_local), and the per-rank jobs: query_job (`linearrag query --shards N` and the torchrun entry point:
+cli/sharded.py) and retrieve_job (tests, benchmarks)."""
 from __future__ import annotations
 
-import os
 import pickle
 import time
 
 import torch
 
 from .. import env
-from ..cli.common import open_index_dir, order_note, print_explanations, print_hits, retrieval_settings
 from ..config import RetrievalConfig
 from ..index import TriGraphIndex
 from ..models import load_question_encoder
@@ -158,30 +156,6 @@ def query_job(comm: Comm, index_dir: str, questions: list, overrides: dict, top_
         else:
             results += engine.hits(engine.retrieve(enc, cfg))
     return results if comm.rank == 0 else None
-
-
-def cmd_query_sharded(args, items: list) -> int:
-    """`linearrag query INDEX_DIR ... --shards N`: N local processes, rank 0 prints (cli/common.py print_hits, with
-    --explain print_explanations)."""
-    if args.backend != "torch":
-        raise ValueError("--shards runs the torch engine; --backend scipy answers in one process")
-    open_index_dir(args.index_dir)  # a clear error now for a folder that holds no index
-    device = env.shards_device(args.device, args.shards)
-    threads = args.threads or max(1, (os.cpu_count() or 1) // args.shards)
-    try:
-        results = run_local(args.shards, query_job,
-                         (str(args.index_dir), [it["question"] for it in items], retrieval_settings(args), args.top_k,
-                          args.batch_size, args.reference_code, threads, device, args.quantize, args.encoder_backend,
-                          args.explain),
-                         device=device, timeout_s=float(env.SHARD_TIMEOUT.get()))[0]
-    except RuntimeError as exc:
-        raise ValueError(str(exc).splitlines()[0]) from None
-    if args.explain:
-        print_explanations(items, results)
-        return 0
-    cfg = query_config(stored_config(args.index_dir), retrieval_settings(args), args.top_k, args.reference_code)
-    print_hits(items, results, args.json, order_note(cfg))
-    return 0
 
 
 def retrieve_job(comm: Comm, index, queries: EncodedQueries, configs: list, device: str = "cpu") -> list:

@@ -90,17 +90,45 @@ class TokenKeys:
 
 @dataclass
 class TriGraphIndex:
-    """Passages, sentences and entities with their embeddings and the sparse matrices between them.
+    """Passages, sentences and entities with their embeddings and the sparse matrices between them (the
+    "Tri-Graph"; ``LinearRAG.build`` makes it, ``rag.index`` holds it).
 
-    M  [S x E]  M[s, e] = 1 if sentence s mentions entity e (NER span inside the sentence)
-    C  [P x E]  C[p, e] = passage-entity edge weight for PPR: count(e in passage) / sum over the
-                passage's entities (case-sensitive substring counts); its structure is the 0/1 contain matrix
-    N  [P x E]  N[p, e] = lower-cased substring count of e in passage p, over every passage (eq. 7)
-    PS [P x S]  PS[p, s] = 1 if sentence s occurs in passage p (sentences are keyed by their text)
-    ner         the NER record of every passage (NerRecord); None for indexes written before it existed
-    keys        hashes of every text's encoder tokens (TokenKeys); None for indexes written before they existed
     The three embeddings are in index_config.embedding_dtype (float32, float16 or bfloat16: computed in
     float32, stored rounded); the matrices are float32 whatever it is.
+
+    Parameters
+    ----------
+    passage_ids : list of int or str
+        The P passages' corpus ids, in row order.
+    titles, texts : list of str
+        The passages' titles and texts.
+    sentences, entities : list of str
+        The S sentences (keyed by their text) and the E entities.
+    passage_emb, sentence_emb, entity_emb : torch.Tensor
+        [P, D], [S, D], [E, D] L2-normalised embeddings.
+    M : Csr
+        [S x E]: M[s, e] = 1 if sentence s mentions entity e (NER span inside the sentence).
+    C : Csr
+        [P x E]: the passage-entity edge weight for PPR, count(e in passage) / sum over the passage's entities
+        (case-sensitive substring counts); its structure is the 0/1 contain matrix.
+    N : Csr
+        [P x E]: the lower-cased substring count of e in passage p, over every passage (eq. 7).
+    PS : Csr
+        [P x S]: PS[p, s] = 1 if sentence s occurs in passage p.
+    index_config : IndexConfig
+        How it was built.
+    retrieval_config : RetrievalConfig
+        The retrieval settings stored with it.
+    ner : NerRecord, optional
+        The NER record of every passage; None for indexes written before it existed.
+    keys : TokenKeys, optional
+        Hashes of every text's encoder tokens; None for indexes written before they existed.
+
+    Examples
+    --------
+    >>> index = rag.index
+    >>> index.num_passages, index.passage_ids
+    (3, ['p1', 'p2', 'p3'])
     """
 
     passage_ids: list
@@ -122,34 +150,72 @@ class TriGraphIndex:
 
     @property
     def num_passages(self) -> int:
+        """P, the number of passages."""
         return len(self.passage_ids)
 
     @property
     def num_sentences(self) -> int:
+        """S, the number of sentences."""
         return len(self.sentences)
 
     @property
     def num_entities(self) -> int:
+        """E, the number of entities."""
         return len(self.entities)
 
     @property
     def dim(self) -> int:
+        """D, the encoder's dimension."""
         return int(self.passage_emb.shape[1])
 
     def with_embedding_dtype(self, name: str) -> "TriGraphIndex":
         """A copy whose embeddings are stored as ``name`` (IndexConfig.embedding_dtype: "float32",
         "float16" or "bfloat16"): each vector rounded to the nearest value of that type (torch's cast), the
         rest shared. From float32 this equals building with that setting (the build computes float32 and
-        casts); from a half type to float32 it does not bring back the bits rounded away."""
+        casts); from a half type to float32 it does not bring back the bits rounded away.
+
+        Parameters
+        ----------
+        name : {"float32", "float16", "bfloat16"}
+            The embeddings' new type.
+
+        Returns
+        -------
+        TriGraphIndex
+            The copy.
+        """
         cfg = dataclasses.replace(self.index_config, embedding_dtype=name)
         dtype = embedding_dtype(cfg)
         return dataclasses.replace(self, index_config=cfg, **{k: getattr(self, k).to(dtype) for k in EMBEDDINGS})
 
     def passage_text(self, i: int) -> str:
-        """The text of passage i that is analysed, embedded and searched (module function passage_text)."""
+        """The text of a passage that is analysed, embedded and searched (module function passage_text).
+
+        Parameters
+        ----------
+        i : int
+            The passage's row.
+
+        Returns
+        -------
+        str
+            Its title and text as one text.
+        """
         return passage_text(self.titles[i], self.texts[i])
 
     def summary(self) -> dict:
+        """The index's sizes.
+
+        Returns
+        -------
+        dict
+            "passages", "sentences", "entities", the nonzeros "nnz_M", "nnz_C", "nnz_N", and "dim".
+
+        Examples
+        --------
+        >>> rag.index.summary()["passages"]
+        3
+        """
         return {
             "passages": self.num_passages,
             "sentences": self.num_sentences,
@@ -203,8 +269,18 @@ class TriGraphIndex:
 
     # ---------------------------------------------------------------- persistence
     def save(self, path) -> Path:
-        """Write atomically to folder ``path`` (created if needed) while holding its write lock
-        (IndexLockedError if another process holds it); returns the path."""
+        """Write atomically to a folder (created if needed) while holding its write lock.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The folder. IndexLockedError if another process holds its lock.
+
+        Returns
+        -------
+        pathlib.Path
+            The folder.
+        """
         self.validate()
         path = Path(path)
         storage.make_dirs(path)
@@ -213,7 +289,13 @@ class TriGraphIndex:
         return path
 
     def to_files(self):
-        """(tensors, strings, index.json fields) as storage.write stores them."""
+        """What storage.write stores.
+
+        Returns
+        -------
+        tuple
+            (tensors: name -> CPU tensor, strings: name -> list of str, index.json's fields).
+        """
         tensors = {name: getattr(self, name).contiguous().cpu() for name in EMBEDDINGS}
         mats = {name: getattr(self, name) for name in MATRICES}
         if self.ner is not None:
@@ -232,10 +314,24 @@ class TriGraphIndex:
 
     @staticmethod
     def load(path, device="cpu", verify: bool = True) -> "TriGraphIndex":
-        """Load from folder ``path``; tensors go to ``device``. ``verify`` checks sizes and sha256.
+        """Load from a folder written by ``save``.
 
         Takes no lock: if the folder changes while it is read (a writer replaced index.json and
         removed the files it named), the load starts again from the new index.json.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The folder; IndexFormatError names what is wrong with a damaged or incompatible one.
+        device : str or torch.device, default "cpu"
+            Where the tensors go.
+        verify : bool, default True
+            Check the files' sizes and sha256.
+
+        Returns
+        -------
+        TriGraphIndex
+            The index.
         """
         return storage.read_retrying(Path(path), lambda p: TriGraphIndex._load_once(p, device, verify))
 
@@ -245,7 +341,18 @@ class TriGraphIndex:
 
     @staticmethod
     def from_files(stored: "storage.Stored") -> "TriGraphIndex":
-        """The index from what storage.read returned, checked against index.json's counts and validated."""
+        """The index from what storage.read returned, checked against index.json's counts and validated.
+
+        Parameters
+        ----------
+        stored : storage.Stored
+            What storage.read returned.
+
+        Returns
+        -------
+        TriGraphIndex
+            The index (IndexFormatError if it does not hold together).
+        """
         t, s, counts = stored.tensors, stored.strings, stored.counts
         P, S, E = counts.get("passages"), counts.get("sentences"), counts.get("entities")
         shapes = {"M": (S, E), "C": (P, E), "N": (P, E), "PS": (P, S)}
@@ -289,5 +396,17 @@ class TriGraphIndex:
         return index
 
     def to(self, device) -> "TriGraphIndex":
+        """The index with its embeddings and matrices on another device.
+
+        Parameters
+        ----------
+        device : str or torch.device
+            Where they go.
+
+        Returns
+        -------
+        TriGraphIndex
+            A copy (the lists of strings shared).
+        """
         moved = {k: getattr(self, k).to(device) for k in EMBEDDINGS + MATRICES}
         return dataclasses.replace(self, **moved)

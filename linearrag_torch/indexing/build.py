@@ -26,8 +26,8 @@ from ..index import NER_PARTS, NerRecord, TokenKeys, TriGraphIndex, embedding_dt
 from ..runtime.tracing import stage
 from ..index.csr import Csr
 from .counting import count_occurrences
-from .encoding import TextEncoder, append_vectors, embed_texts, resolve_precision
-from .nlp import analyse_passages, bind_title
+from ..models.encoding import TextEncoder, append_vectors, embed_texts, resolve_precision
+from ..models.nlp import analyse_passages, bind_title
 
 
 def build_index(

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 from tqdm.auto import tqdm
 
 from .. import env
-from ..cli.common import count
+from ..runtime.words import count
 from ..config import IndexConfig, RetrievalConfig
 from ..corpus import read_passages
 
@@ -279,7 +279,7 @@ class _NerActor:
 
     @staticmethod
     def _load(setup: dict):
-        from .nlp import load_spacy  # deferred (and below): spaCy; this module stays torch-free
+        from ..models.nlp import load_spacy  # deferred (and below): spaCy; this module stays torch-free
 
         cfg = IndexConfig.from_dict(setup["cfg"])
         return cfg, load_spacy(cfg.spacy_model)
@@ -287,7 +287,7 @@ class _NerActor:
     def __call__(self, batch: dict) -> dict:
         import numpy as np
 
-        from .nlp import analyse_passages
+        from ..models.nlp import analyse_passages
 
         out = []
         for texts_json, setup_json in zip(batch["texts"], batch["setup"]):
@@ -303,7 +303,7 @@ def ray_analyse(ray, cfg: IndexConfig, ner_actors: int, progress: bool = True):
 
     The texts are cut into spaCy batches of cfg.ner_batch_size at the offsets the local nlp.pipe cuts
     them (with one process or several), so every passage is tagged in the same batch as locally."""
-    from .nlp import PassageAnalysis  # deferred: imports spaCy and torch
+    from ..models.nlp import PassageAnalysis  # deferred: imports spaCy and torch
 
     def analyse(texts: Sequence[str]) -> list:
         texts = list(texts)
@@ -365,7 +365,7 @@ def _resolve_on_cluster(ray, cfg: IndexConfig, plan: _Plan) -> Optional[str]:
         return precision
 
     def resolve(p, device):
-        from linearrag_torch.indexing.encoding import resolve_precision  # deferred: imports torch; runs on the cluster
+        from linearrag_torch.models.encoding import resolve_precision  # deferred: imports torch; runs on the cluster
 
         return resolve_precision(p, device)
 
@@ -466,17 +466,16 @@ class _Session:
         return ray_analyse(self.ray, cfg, self.plan.ner_actors, progress)
 
 
-def build(corpus, index_config: Optional[IndexConfig] = None, config: Optional[RetrievalConfig] = None,
-          options: Optional[RayOptions] = None, device="auto", progress: bool = True, timings: Optional[dict] = None):
-    """LinearRAG.build(corpus, ...) with NER and encoding on a Ray cluster (see the module's docstring).
+def build_index_on_ray(corpus, index_config: Optional[IndexConfig] = None, config: Optional[RetrievalConfig] = None,
+                       options: Optional[RayOptions] = None, progress: bool = True, timings: Optional[dict] = None):
+    """The TriGraphIndex of LinearRAG.build(corpus, ...), with NER and encoding on a Ray cluster (see the module's
+    docstring); ``LinearRAG(index, device)`` answers questions on it.
 
-    ``corpus``: a JSONL path or a list of Passage / dicts, as for LinearRAG.build. ``device``: where the
-    returned LinearRAG answers questions (the index itself is assembled on the CPU). ``timings``: if
-    given, receives the seconds of "connect" (Ray and the driver's tokenizer) and of build_index's stages."""
-    from ..api import LinearRAG  # deferred (both): import torch (and build, spaCy)
-    from .build import build_index
+    ``corpus``: a JSONL path or a list of Passage / dicts, as for LinearRAG.build; the index is assembled on the
+    CPU. ``timings``: if given, receives the seconds of "connect" (Ray and the driver's tokenizer) and of
+    build_index's stages."""
+    from .build import build_index  # deferred: imports torch and spaCy
 
-    dev = env.resolve_device(device)
     passages = read_passages(corpus)
     index_config = index_config or IndexConfig()
     t0 = time.perf_counter()
@@ -487,12 +486,12 @@ def build(corpus, index_config: Optional[IndexConfig] = None, config: Optional[R
     index = build_index(passages, index_config, config or RetrievalConfig(), device="cpu", progress=progress,
                         encoder=encoder, analyse=session.analyse(index_config, progress), timings=timings,
                         ids_checked=True)
-    return LinearRAG(index, dev)
+    return index
 
 
 def add(rag, corpus, options: Optional[RayOptions] = None, progress: bool = True, timings: Optional[dict] = None):
     """rag.add(corpus) with NER and encoding on a Ray cluster; returns ``rag`` (call rag.save() to write).
-    ``timings``: as for build()."""
+    ``timings``: as for build_index_on_ray()."""
     from .build import add_passages  # deferred: imports torch and spaCy
 
     passages = read_passages(corpus, first_id=rag.index.num_passages, existing_ids=rag.index.passage_ids)

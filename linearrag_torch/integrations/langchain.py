@@ -41,8 +41,10 @@ class LinearRAGRetriever(BaseRetriever):
         `linearrag serve` server (``url``, with ``api_key`` if it has one, ``timeout`` seconds per request).
     top_k : int, default 5
         Passages per query.
-    search_kwargs : dict, default {}
+    search_kwargs : dict, optional
         Retrieval settings for every call (e.g. ``{"mode": "paper", "delta": 0.3}``).
+    **kwargs
+        LangChain's own retriever fields (``tags``, ``metadata``).
 
     Examples
     --------
@@ -64,6 +66,13 @@ class LinearRAGRetriever(BaseRetriever):
     device: str = "auto"
     search_kwargs: dict = Field(default_factory=dict)
     _source: HitSource = PrivateAttr()
+
+    def __init__(self, rag: Any = None, *, index_dir: Optional[str] = None, url: Optional[str] = None,
+                 api_key: Optional[str] = None, top_k: int = 5, timeout: float = 30.0, device: str = "auto",
+                 search_kwargs: Optional[dict] = None, **kwargs: Any) -> None:
+        # the fields spelled out (pydantic's own signature is ``**data``), so that the reference shows them
+        super().__init__(rag=rag, index_dir=index_dir, url=url, api_key=api_key, top_k=top_k, timeout=timeout,
+                         device=device, search_kwargs=dict(search_kwargs or {}), **kwargs)
 
     def model_post_init(self, __context: Any) -> None:
         self._source = HitSource(self.rag, index_dir=self.index_dir, url=self.url, api_key=self.api_key,

@@ -1,8 +1,10 @@
-"""The models an index is built and queried with, loaded in one place: the spaCy model, the encoder (for passages
-in the index's precision; for questions in float32 or as ``quantize`` asks) and the learned reranker (its network
-and folder: reranker.py; the one shipped with the package lies in ``linearrag_torch/data/reranker/``).
-LinearRAG, the Ray build, the sharded engine, the engine's reranker and the build's defaults all load through
-these functions (tests stand in their own models by patching ``models.load_nlp`` / ``models.load_encoder``)."""
+"""The models an index is built and queried with, and their loaders: the spaCy pipeline and NER (nlp.py), the
+encoder (encoding.py: for passages in the index's precision, for questions in float32 or as ``quantize`` asks; its
+lean BERT forward, bert_forward.py; its ONNX Runtime form, onnx_encoder.py) and the learned reranker's network and
+folder (reranker.py; the one shipped with the package lies in ``linearrag_torch/data/reranker/``, scored by
+rerank/). LinearRAG, the Ray build, the sharded engine and the build's defaults load through these functions
+(tests stand in their own models by patching ``models.load_nlp`` / ``models.load_encoder``). This package imports
+none of indexing/, retrieval/ or rerank/: they use it."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,11 +15,11 @@ import torch
 
 from .. import env
 from ..config import IndexConfig
-from ..indexing.encoding import Encoder
+from .encoding import Encoder
 
 
 def load_nlp(cfg: IndexConfig):
-    from ..indexing.nlp import load_spacy  # deferred: imports spaCy (~1.4 s), needed only when NER runs
+    from .nlp import load_spacy  # deferred: imports spaCy (~1.4 s), needed only when NER runs
 
     return load_spacy(cfg.spacy_model)
 
@@ -34,7 +36,8 @@ def load_question_encoder(cfg: IndexConfig, device, quantize: str | None = None,
     encoded in, or as ``quantize`` asks, on ``backend`` (LinearRAG.__init__)."""
     if quantize == "bfloat16" and not env.native_bf16(device):
         warnings.warn(f"quantize='bfloat16': {torch.device(device)} has no native bf16 (AMX-BF16, AVX512-BF16 or CUDA), "
-                      f"so the question encoder runs in float32 (emulated bf16 measured 5.8x slower)", RuntimeWarning,
+                      f"so the question encoder runs in float32 (emulated bf16 is far slower: docs/tuning.md, "
+                      f"'Encoder precision')", RuntimeWarning,
                       stacklevel=3)
     cfg = dataclasses.replace(cfg, encoder_precision="auto" if quantize == "bfloat16" else "float32")
     int8 = quantize if quantize in ("int8", "int8-all") else None
@@ -67,10 +70,3 @@ def for_index(cfg: IndexConfig, device, nlp=None, encoder=None) -> IndexModels:
     encoder = load_encoder(cfg, device)
     return IndexModels(nlp, encoder, with_precision(encoder, "float32"))
 
-
-def load_reranker(folder=None, device="cpu", precision: str = "float32"):
-    """The learned reranker (rerank.Reranker) from ``folder`` (None: the one shipped with the package) on
-    ``device`` in ``precision`` (rerank.scoring.resolve_precision)."""
-    from ..rerank.scoring import Reranker  # deferred: cycle models <-> rerank.scoring (imports models.reranker)
-
-    return Reranker.load(folder, device, precision=precision)

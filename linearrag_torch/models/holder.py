@@ -44,7 +44,7 @@ class QuestionModels:
         >>> pool = rag.start_ner_processes(1)  # doctest: +SKIP
         >>> rag.close()  # doctest: +SKIP
         """
-        from ..indexing.nlp import NERPool  # deferred: imports spaCy (~1.4 s)
+        from .nlp import NERPool  # deferred: imports spaCy (~1.4 s)
 
         self.close()
         if processes > 0:

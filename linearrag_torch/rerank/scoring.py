@@ -20,7 +20,7 @@ import torch
 
 from .. import env
 from ..config import RERANKER_PRECISIONS
-from ..indexing.encoding import quantize_int8
+from ..models.encoding import quantize_int8
 from ..models.reranker import CrossEncoder, RerankerSettings, load_model
 
 

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 
-from ..api import LinearRAG
 from ..config import TrainConfig
 from ..corpus import InputError
 from ..models.reranker import RerankerSettings, base_cross_encoder, save_model
@@ -84,17 +83,15 @@ def read_training_file(path) -> tuple[list[TrainingQuestion], dict]:
     return questions, passages
 
 
-def mine(questions: list[TrainingQuestion], passages: dict, index_dir, depth: int, progress: bool = True,
-         device="cpu") -> None:
-    """Fill each question's ``mined`` list with the engine's top ``depth`` passages over the index in
-    ``index_dir`` (built from all the file's paragraphs with ids = passage keys when missing)."""
-    index_dir = Path(index_dir)
-    if index_dir.is_dir() and any(index_dir.iterdir()):
-        rag = LinearRAG.load(index_dir, device=device)
-    else:
-        corpus = [{"id": k, "title": t, "text": x} for k, (t, x) in passages.items()]
-        rag = LinearRAG.build(corpus, device=device, progress=progress)
-        rag.save(index_dir)
+def mining_corpus(passages: dict) -> list[dict]:
+    """The corpus of the mining index: the paragraphs ``passages`` (key -> (title, text)), ids = their keys."""
+    return [{"id": k, "title": t, "text": x} for k, (t, x) in passages.items()]
+
+
+def mine(questions: list[TrainingQuestion], rag, depth: int, progress: bool = True) -> None:
+    """Fill each question's ``mined`` list with the engine's top ``depth`` passages of ``rag``, a LinearRAG over
+    the file's paragraphs (``mining_corpus``; cli/train_reranker.py loads or builds it: this module stays below
+    the Python API)."""
     key_of = {}
     for row in range(rag.index.num_passages):
         key_of[row] = passage_key(rag.index.titles[row], rag.index.texts[row])
@@ -108,7 +105,6 @@ def mine(questions: list[TrainingQuestion], passages: dict, index_dir, depth: in
             q.mined = [(key_of[h.row], float(h.score)) for h in hs]
         bar.update(len(part))
     bar.close()
-    rag.close()
 
 
 # ----------------------------------------------------------------------------------------- training

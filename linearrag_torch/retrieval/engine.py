@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import kernels, models
+from .. import kernels
 from ..env import native_half
 from . import pairs, rerank_stage, stages
 from .activation import (Activation, ActivePairs, ColumnEntries, NearestMemo, dense_seeds, propagate_paper, propagate_reference_pairs,
@@ -27,6 +27,7 @@ from ..index import TriGraphIndex
 from .memory import default_chunk_budget
 from .pagerank import PPRGraph, StepLog, passage_reset_entries, personalized_pagerank
 from ..queries import EncodedQueries, Retrieved
+from ..rerank import load_reranker
 from ..runtime import tracing
 from .chain import ChainTables, enabled as chain_enabled
 from .stages import LocalChain
@@ -105,7 +106,7 @@ class DeviceGraph:
         ``precision`` (rerank.scoring.resolve_precision), loaded once on this graph's device."""
         got = self._rerankers.get((folder, precision))
         if got is None:
-            got = self._rerankers[(folder, precision)] = models.load_reranker(folder or None, self.device, precision)
+            got = self._rerankers[(folder, precision)] = load_reranker(folder or None, self.device, precision)
         return got
 
     def rerank_passages(self, reranker):
@@ -269,8 +270,8 @@ def activate_pairs(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalCo
 
 
 def in_inference_mode(fn):
-    """``fn`` run under torch.inference_mode (a question's ~2,000 small ops cost less on CPU without the
-    autograd bookkeeping: docs/benchmarks/throughput.md, "On a 2-vCPU AMD EPYC with AVX2 only"), its tensors
+    """``fn`` run under torch.inference_mode (a question's many small ops cost less on CPU without the autograd
+    bookkeeping: the figures are in docs/benchmarks/throughput.md), its tensors
     returned as ordinary copies, so that a caller may change them in place; called inside inference mode (a
     nested call), it runs as it is."""
 

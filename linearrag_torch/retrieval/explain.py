@@ -24,13 +24,14 @@ def explanations(questions: list, queries, hits: list, tr, names, passage_entiti
     for b, q in enumerate(questions):
         ents = {h.row: passage_entities(h.row) for h in hits[b]}
         active = torch.nonzero(tier[:, b] > 0).flatten().tolist()
+        chain_seeds = tr.chain_seeds[b] if getattr(tr, "chain_seeds", None) is not None else []
         result.append({
             "question": q,
             "dense_fallback": bool(tr.dense[b]),
             "question_entities": [t for t, o in zip(queries.entity_text, owner) if o == b],
             "seeds": [(names[e], float(seeds[e, b])) for e in torch.nonzero(tr.is_seed[:, b].cpu()).flatten().tolist()],
             # the later rounds' extra seeds (chain.py; [] with one round)
-            "chain_seeds": tr.chain_seeds[b] if getattr(tr, "chain_seeds", None) is not None else [],
+            "chain_seeds": chain_seeds,
             # (i, j): the first two hits were ranked i and j before the pair rerank (pairs.py)
             "pair_ranks": tr.pair_ranks[b] if getattr(tr, "pair_ranks", None) is not None else None,
             # with rerank: per reranked hit its fused score, the reranker's logit, the graph's score and rank
@@ -39,8 +40,16 @@ def explanations(questions: list, queries, hits: list, tr, names, passage_entiti
             "found": round_rows(tr.rounds, b, hits[b]) if tr.rounds else None,
             "hits": [(h, [(names[e], int(tier[e, b]), float(act[e, b])) for e in active if e in ents[h.row]])
                      for h in hits[b]],
+            # per hit: the later rounds' seeds it contains (the entities that bridged to it from the first
+            # round's top passages; [] for every hit with one round)
+            "bridges": [bridges(chain_seeds, {names[e] for e in ents[h.row]}) for h in hits[b]],
         })
     return result
+
+
+def bridges(chain_seeds: list, passage_names: set) -> list:
+    """The chain seeds [(entity, seed score)] whose entity a passage contains (``passage_names``), in order."""
+    return [(name, w) for name, w in chain_seeds if name in passage_names]
 
 
 def rerank_rows(rr, b: int, passage_id: Callable[[int], object], n: int) -> list[dict]:

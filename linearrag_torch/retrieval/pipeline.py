@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..indexing import encoding
+from ..models import encoding
 from ..indexing.lexicon import EntityLexicon
 from ..queries import EncodedQueries
 from ..runtime.tracing import stage
@@ -90,7 +90,7 @@ class QuestionPipeline:
 
         ``ner`` (RetrievalConfig.question_ner): "always" runs spaCy on every question; "fallback" only on the
         questions in which the lexicon finds nothing; "off" never (lexicon matches only)."""
-        from ..indexing.nlp import question_entities  # deferred: imports spaCy (~1.4 s), not needed with ner="off"
+        from ..models.nlp import question_entities  # deferred: imports spaCy (~1.4 s), not needed with ner="off"
 
         questions = list(questions)
         lex = None

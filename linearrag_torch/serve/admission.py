@@ -31,7 +31,7 @@ heavy share while no heavy request has been refused within it in the last CROWD_
 answered in a fraction of a second, and the share comes back as soon as heavy requests want it), heavy ones the
 light share only while no light request has come in that time (a heavy request holds its loan for seconds:
 lent while light ones come, the light share went to the heavy requests and light ones were refused until they
-were answered, 30% of the light capacity in the heavy mix). So the budget is used whatever the mix (heavy
+were answered, a large share of the light capacity in the heavy mix: docs/serving.md). So the budget is used whatever the mix (heavy
 requests alone fill it, as light ones alone do), and the batcher lets light requests through between the parts
 of a heavy one (serve/batcher.py).
 

@@ -25,8 +25,8 @@ fast GPU engine waits little), while fewer questions are queued than were inside
 it answered and those queued): the clients just answered are about to send their next questions. A request in
 parts counts its current part (its next one is queued at once), and not at its end (its client's next heavy
 request waits for its share at the admission). Counted over the last second instead (the most inside at once),
-a heavy request's questions and every brief peak made each batch wait its whole allowance in vain: 9-20% of the
-engine's time idle in the heavy mix (benchmarks/serve_hostile.py).
+a heavy request's questions and every brief peak made each batch wait its whole allowance in vain, and the engine
+idled for much of its time in the heavy mix (benchmarks/serve_hostile.py; the figures: docs/serving.md).
 Without it, closed-loop clients split into two halves that alternate on the engine (each half queues
 while the other's batch runs), and every batch holds half of them.
 

@@ -206,8 +206,8 @@ class LocalEngineHost:
 
         torch's OpenMP threads belong to the thread that runs an operation: once a second thread has run
         parallel torch work (loading an index and preparing its graph is enough), the engine thread's
-        operations slow down for good (measured: docs/benchmarks/serve.md, "Results on a 2-vCPU Xeon with
-        AMX"). So the
+        operations slow down for good (measured: docs/benchmarks/serve.md, the results on the Xeon with AMX).
+        So the
         first load runs on the engine thread itself, and a reload's load here with torch set to one thread
         (while it lasts, the engine's BLAS calls may run on one thread too)."""
         import torch

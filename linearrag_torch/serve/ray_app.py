@@ -41,7 +41,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
 from typing import Callable, Hashable, Sequence
 
-from ..cli.common import count
+from ..runtime.words import count
 from ..config import _f
 from .batcher import BatchStats
 from .settings import ServeSettings

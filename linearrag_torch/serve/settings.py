@@ -73,7 +73,7 @@ class ServeSettings:
                               type=str, choices=("bfloat16", "int8", "int8-all"))
     encoder_backend: str = _f("torch", "where the question encoder runs: torch, or onnx (float32 on ONNX Runtime, "
                                        "CPU only, extra [onnx]: the same vectors to float noise, its encoder stage "
-                                       "~1.2-1.3x faster)", choices=ENCODER_BACKENDS)
+                                       "faster: docs/tuning.md)", choices=ENCODER_BACKENDS)
     ner_processes: int = _f(0, "run the questions' spaCy NER in this many worker processes (a batch of 16 or more "
                                "questions is split over them; ~340 MB each): for cores that idle while NER runs, "
                                "as on a GPU server (0: NER on the engine thread)")

@@ -130,7 +130,7 @@ def test_the_local_build_loads_each_model_once_and_no_ray_code(tiny_corpus, tiny
     def no_ray(*args, **kwargs):
         raise AssertionError("the local build went through ray_build")
 
-    for name in ("build", "add", "connect"):
+    for name in ("build_index_on_ray", "add", "connect"):
         monkeypatch.setattr(ray_build, name, no_ray)
     for command in (index_command, add_command):  # the RayOptions of the flags
         monkeypatch.setattr(command, "ray_options", no_ray)
@@ -447,7 +447,7 @@ def test_demo_answers_bundled_questions_from_a_cached_index(small_index_dir, cap
 
     digest = hashlib.sha256((DATA / "demo_corpus.jsonl").read_bytes()).hexdigest()[:12]
     shutil.copytree(small_index_dir, tmp_path / f"demo-{digest}")
-    rc, out, err = run(capsys, "demo", "--questions", "2", "--top-k", "3", "--cache", tmp_path, "--device", "cpu")
+    rc, out, err = run(capsys, "demo", "--limit", "2", "--top-k", "3", "--cache", tmp_path, "--device", "cpu")
     assert rc == 0, err
     assert "Loaded the demo index" in err
     questions = demo_questions()
@@ -456,6 +456,11 @@ def test_demo_answers_bundled_questions_from_a_cached_index(small_index_dir, cap
     assert f"Q: {questions[2]['question']}" not in out
     assert "seeds: " in out
     assert re.search(r"^ \*1\. Thunder on the Hill  score ", out, re.M)  # gold passages are starred
+    # the second hop, which names no entity of the question, shows the entity that bridged to it from the film's
+    # passage (a chain seed of the later round), and the legend says what a bridge is
+    assert re.search(r"^ \*\d\. Hans J\. Salter  score \S+(  \(found by round \d\))?\n"
+                     r"      bridge: (.*, )?Hans J\. Salter\b", out, re.M), out
+    assert "\nbridge: the entities a later round started from" in out
     assert re.search(r"On all 40 bundled questions: recall@2 [\d.]+, recall@5 [\d.]+", out)
     # a question whose shown scores are out of order says which stages set the order
     for block in re.split(r"^(?=Q: )", out, flags=re.M)[1:]:
@@ -463,11 +468,51 @@ def test_demo_answers_bundled_questions_from_a_cached_index(small_index_dir, cap
         assert ("(order: " in block) == any(a < b for a, b in zip(scores, scores[1:])), block
 
 
+def test_demo_limit_and_its_old_spelling(capsys, monkeypatch):
+    """`demo --limit N` (how many bundled questions) is no longer spelled like `query --questions FILE`; the old
+    `demo --questions N` still works, with a note saying the new spelling."""
+    from linearrag_torch.cli import demo, parser
+
+    assert parser().parse_args(["demo"]).limit == 5
+    import linearrag_torch.data
+
+    class Stop(Exception):
+        pass
+
+    def stop():
+        raise Stop  # the demo got past its flags: stop before the index
+
+    monkeypatch.setattr(linearrag_torch.data, "sample_corpus_path", stop)
+    args = parser().parse_args(["demo", "--questions", "2"])
+    with pytest.raises(Stop):
+        demo.run(args)
+    assert args.limit == 2
+    assert capsys.readouterr().err == ("linearrag demo: --questions N is deprecated, use --limit N (query's "
+                                       "--questions is a file)\n")
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    out = capsys.readouterr().out
+    assert "--limit N" in out and "--questions" not in out
+
+
+def test_query_says_what_it_loads_on_stderr(tiny_index, capsys):
+    """The models load on first use (seconds): one line on stderr names them before; --json output is unchanged."""
+    rc, out, err = run(capsys, "query", tiny_index, Q_THUNDER["question"], "--json", "--device", "cpu")
+    assert rc == 0, err
+    assert [json.loads(line)["question"] for line in out.splitlines()] == [Q_THUNDER["question"]]
+    assert re.fullmatch(r"Loading spaCy \S+ and the encoder all-MiniLM-L6-v2 for 1 question on 10 passages, "
+                        r"\d+ sentences, \d+ entities \.\.\.\n", err), err
+
+
 # ---------------------------------------------------------------- help
 @pytest.mark.parametrize("argv, words", [
     (["--help"], ["index", "query", "demo"]),
     (["query", "--help"], ["--top-k", "--questions", "--json", "--backend", "--mode", "--delta"]),
     (["index", "--help"], ["CORPUS.jsonl", "INDEX_DIR", "--spacy-model", "--encoder", "--device"]),
+    # where the training set it names comes from (it is not in the repository)
+    (["train-reranker", "--help"], ["train_multihop", "train splits", "not in this repository",
+                                    "docs/reranker.md"]),
+    (["delete", "--help"], ["--ids ID,...", "--ids-file"]),
 ])
 def test_help(capsys, argv, words):
     with pytest.raises(SystemExit) as info:

@@ -38,6 +38,10 @@ FIGURE_PATTERNS = {
     "share": r"\b\d+(?:\.\d+)?\s?%\s+(?:less|more|faster|slower)\b",
     "took": r"\b(?:took|takes|cost|costs|measured)\s+~?\d+(?:\.\d+)?\s?(?:ms|s|us|µs)\b",
     "recall": r"\b(?:R|recall)@\d+\s+(?:of\s+)?\d+(?:\.\d+)?\b",
+    "cosine": r"\bcosines?\s+(?:of\s+)?~?\d?\.\d+",
+    "machine": r"\b\d+-vCPU\b|\bAMD\s+EPYC\b",
+    "time-share": r"\b\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?\s?%\s+of\s+the\b",
+    "op-count": r"~\d[\d,.]*\s+(?:small\s+)?(?:ops|operations|torch\s+calls|kernel\s+launches)\b",
 }
 FIGURE_RE = re.compile("|".join(f"(?P<{name.replace('-', '_')}>{p})" for name, p in FIGURE_PATTERNS.items()),
                        re.IGNORECASE)
@@ -140,6 +144,8 @@ def class_problems(name: str, cls, document_params: bool = True) -> list[str]:
     body = section(doc, "Parameters")
     if body is None and init is not None and init.__doc__:
         body = section(inspect.cleandoc(init.__doc__), "Parameters")
+    if body is None and hasattr(cls, "_fields"):  # a NamedTuple: its fields are its attributes (as griffe reads them)
+        body = section(doc, "Attributes")
     if body is None:
         return [f"{name}: no 'Parameters' section for the constructor's {params}"]
     undocumented = [p for p in params if p not in documented_names(body)]
@@ -151,10 +157,13 @@ def test_the_figure_check_finds_dates_and_measured_figures():
     for text in ("measured 5.8x slower than float32", "2.1 ms per question in a batch of 256", "on 2026-12-03",
                  "its encoder stage 10.2 against 13.5 ms", "1.4x as long", "costs 13% less", "took 37 ms",
                  "17-20 s instead of 10-15 s", "R@2 74.0 on hotpotqa", "recall@5 66.8 -> 69.5",
-                 "4.5 s for 100k passages", "5x\n    faster than gathering"):
+                 "4.5 s for 100k passages", "5x\n    faster than gathering", "vectors within cosine ~0.99 of the exact",
+                 "MiniLM's vectors fall to cosine 0.98", "on a 2-vCPU AMD EPYC with AVX2 only", "9-20% of the engine's time",
+                 "a question's ~2,000 small ops", "1.2-1.3x faster"):
         assert figures(text), text
     for text in ("at least 0.1 s x 2^attempt", "up to 60 s", "~1e-7 per component", "recall@N and beyond",
-                 "eq. 7", "top_k=5", "a 2-core CPU", "docs/tuning.md, 'Question throughput'", "1,024 questions"):
+                 "eq. 7", "top_k=5", "a 2-core CPU", "docs/tuning.md, 'Question throughput'", "1,024 questions",
+                 "the cosine of the question", "an AMD CPU"):
         assert not figures(text), text
 
 
@@ -280,7 +289,8 @@ def public_objects() -> list[tuple[str, object]]:
     from linearrag_torch.kernels import backends
 
     out = [(f"linearrag_torch.{n}", getattr(linearrag_torch, n))
-           for n in ("LinearRAG", "RetrievalConfig", "IndexConfig", "resolve_device", "read_corpus")]
+           for n in ("LinearRAG", "RetrievalConfig", "IndexConfig", "resolve_device", "read_corpus", "TriGraphIndex",
+                     "EncodedQueries", "Retrieved")]
     out.append(("linearrag_torch.client.SearchClient", importlib.import_module("linearrag_torch.client").SearchClient))
     out.append(("linearrag_torch.integrations.HitSource",
                 importlib.import_module("linearrag_torch.integrations").HitSource))
@@ -334,6 +344,32 @@ def test_the_public_api_has_numpy_parameters_and_returns():
     assert not problems, "\n".join(problems)
 
 
+def test_every_exported_name_has_numpy_sections():
+    """Every name ``from linearrag_torch import ...`` gives (its ``__all__``): a class its constructor's parameters in
+    a Parameters section and each public method's Parameters / Returns, a function its own (the Examples sections
+    are held for the main objects above)."""
+    import linearrag_torch
+
+    problems = []
+    for name in linearrag_torch.__all__:
+        obj = getattr(linearrag_torch, name)
+        full = f"linearrag_torch.{name}"
+        if inspect.isclass(obj):
+            problems += class_problems(full, obj, document_params=full not in SETTINGS)
+            if issubclass(obj, Exception):
+                continue
+            for member, value in members(obj):
+                if isinstance(value, property):
+                    if not (value.__doc__ or "").strip():
+                        problems.append(f"{full}.{member}: a property without a docstring")
+                else:
+                    problems += missing_sections(f"{full}.{member}", value)
+        else:
+            problems += missing_sections(full, obj)
+    assert len(linearrag_torch.__all__) >= 10 and "TriGraphIndex" in linearrag_torch.__all__
+    assert not problems, "\n".join(problems)
+
+
 def docstrings(path: Path):
     """(line, docstring) of a module, its classes and its functions."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -342,6 +378,41 @@ def docstrings(path: Path):
             doc = ast.get_docstring(node, clean=False)
             if doc:
                 yield (node.body[0].lineno, doc)
+
+
+def messages(path: Path):
+    """(line, text) of every string constant of a module that is not a docstring: help texts, warnings and error
+    messages (an f-string's literal parts one by one)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    parts = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
+    strings = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+               and id(n) not in docs and id(n) not in parts]
+    # implicitly joined literals are one constant already; an f-string's parts are joined back for the check
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+            yield node.lineno, text
+    for n in strings:
+        yield n.lineno, n.value
+
+
+def test_the_message_scan_reads_help_texts_warnings_and_f_strings(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('"""A module."""\nimport warnings\n\n\ndef f(p, x):\n    """Nothing measured."""\n'
+                      '    p.add_argument("--q", help="int8 vectors within cosine ~0.99 of the exact ones")\n'
+                      '    warnings.warn(f"{x}: emulated, measured 5.8x slower")\n    return "fine"\n')
+    found = sorted((line, figures(text)) for line, text in messages(module) if figures(text))
+    assert found == [(7, ["cosine ~0.99"]), (8, ["5.8x slower"])], found
+
+
+def test_no_message_quotes_a_measured_figure():
+    """Help texts, warnings and errors point to the doc that holds a figure, as docstrings do."""
+    found = [f"{path.relative_to(ROOT)}:{line}: {', '.join(figures(text))}"
+             for path in sorted(PACKAGE.rglob("*.py")) for line, text in messages(path) if figures(text)]
+    assert not found, "figures belong in docs/ or benchmarks/results/, with a pointer here:\n" + "\n".join(found)
 
 
 def test_no_docstring_quotes_a_date_or_a_measured_figure():

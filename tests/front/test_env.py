@@ -66,7 +66,7 @@ def test_old_import_paths_are_the_same_functions():
     from linearrag_torch import api, distributed
     from linearrag_torch.answers import generation
     from linearrag_torch.index import PAUSE_ENV
-    from linearrag_torch.indexing import encoding
+    from linearrag_torch.models import encoding
     from linearrag_torch.kernels import backends
     from linearrag_torch.retrieval import engine, memory
     from linearrag_torch.runtime import threads

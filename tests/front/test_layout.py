@@ -1,5 +1,7 @@
-"""The package's layout: no import cycle between its modules (every import statement read with ast, those at
-module level and those deferred into functions alike: a deferred import still ties the two modules together), no
+"""The package's layout: no import cycle between its modules, nor between its sub-packages (every import statement
+read with ast, those at module level and those deferred into functions alike: a deferred import still ties the two
+together; `if TYPE_CHECKING:` imports aside in the sub-package scan), nothing outside cli/ importing the command line
+(the `__main__` entry points aside), no
 private attribute set from outside, argparse only in the command-line package (cli/), at most ten modules
 directly in linearrag_torch/, and no module over 600 lines."""
 import ast
@@ -15,14 +17,14 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph(package: Path = PACKAGE) -> dict:
+def import_graph(package: Path = PACKAGE, parse=ast.parse) -> dict:
     """module -> the package's modules it imports (an import of a package's name counts as one of the package's
-    __init__, ``from .x import y`` of submodule y as one of y)."""
+    __init__, ``from .x import y`` of submodule y as one of y). ``parse``: source text -> ast (default ast.parse)."""
     paths = {module_name(p, package.parent): p for p in sorted(package.rglob("*.py"))}
     graph = {m: set() for m in paths}
     for mod, path in paths.items():
         here = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -186,3 +188,77 @@ def test_no_module_is_over_600_lines():
     lines = {str(p.relative_to(ROOT)): len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.rglob("*.py")}
     assert lines["linearrag_torch/api.py"] > 100  # the scan reads the package
     assert {m: n for m, n in lines.items() if n > MAX_MODULE_LINES} == {}
+
+
+# ------------------------------------------------------------------ arrows one way, by sub-package
+def subpackage(module: str) -> str:
+    """The part of the package a module belongs to: its sub-package (``linearrag_torch.retrieval.engine`` ->
+    "retrieval") or, for a module directly in the package, itself ("api"); the package's __init__ is "<root>"."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "<root>"
+
+
+def entry_point(module: str) -> bool:
+    """A ``__main__`` module: what ``python -m`` runs, above everything (it may call the command line)."""
+    return module.rpartition(".")[2] == "__main__"
+
+
+def without_type_checking(tree: ast.AST) -> ast.AST:
+    """``tree`` with the bodies of ``if TYPE_CHECKING:`` blocks emptied: imports for annotations only."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            node.body = [ast.Pass()]
+    return tree
+
+
+def subpackage_graph(package: Path = PACKAGE) -> dict:
+    """sub-package -> the sub-packages it imports (every import, deferred ones included, ``if TYPE_CHECKING:``
+    aside; the ``__main__`` entry points left out), from ``import_graph``."""
+    graph = import_graph(package, parse=lambda text: without_type_checking(ast.parse(text)))
+    out: dict = {}
+    for mod, targets in graph.items():
+        if entry_point(mod):
+            continue
+        out.setdefault(subpackage(mod), set())
+        for t in targets:
+            if subpackage(t) != subpackage(mod):
+                out[subpackage(mod)].add(subpackage(t))
+    return out
+
+
+def imports_of_cli(package: Path = PACKAGE) -> list:
+    """Modules outside cli/ (its ``__main__`` entry points aside) that import a module of cli/."""
+    graph = import_graph(package, parse=lambda text: without_type_checking(ast.parse(text)))
+    return sorted(mod for mod, targets in graph.items()
+                  if subpackage(mod) != "cli" and not entry_point(mod) and any(subpackage(t) == "cli" for t in targets))
+
+
+def test_the_subpackage_scan_finds_a_deferred_cycle_and_a_use_of_the_command_line(tmp_path):
+    pkg = tmp_path / "pkg"
+    for sub in ("cli", "models", "indexing"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cli" / "words.py").write_text("def count(n):\n    return str(n)\n")
+    (pkg / "models" / "encoding.py").write_text("def f():\n    from ..indexing import build\n")  # deferred
+    (pkg / "indexing" / "build.py").write_text("from ..models import encoding\nfrom ..cli.words import count\n")
+    (pkg / "indexing" / "__main__.py").write_text("from ..cli import words\n")  # an entry point: allowed
+    (pkg / "indexing" / "hints.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                               "    from ..cli import words\n")  # annotations only: allowed
+    graph = subpackage_graph(pkg)
+    assert cycles(graph) == [["indexing", "models"]]
+    assert imports_of_cli(pkg) == ["pkg.indexing.build"]
+
+
+def test_no_import_cycle_between_subpackages():
+    """Counted by sub-package (deferred imports included), the package's parts import one another one way only:
+    the command line on top, then the Python API, then the parts it assembles, with models/ below the parts that
+    use the models (indexing/, retrieval/, rerank/)."""
+    graph = subpackage_graph()
+    assert {"cli", "api", "models", "indexing", "retrieval", "rerank"} <= set(graph)  # the scan sees the package
+    assert "models" in graph["indexing"] and "api" in graph["cli"]
+    assert cycles(graph) == []
+
+
+def test_nothing_outside_the_command_line_imports_it():
+    assert imports_of_cli() == []

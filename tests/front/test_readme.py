@@ -5,8 +5,9 @@ The Python snippets run in order in one namespace, as a reader pasting them into
 bundled sample through its path, which the test points at the 60-passage cut of conftest (the supporting
 passages of six bundled questions and their neighbours): the whole 300-passage sample would take minutes on two
 CPU cores. A chat-model endpoint is a scripted one on 127.0.0.1 (tests/scripted_servers.py). Not run here: the
-install lines, `linearrag demo` (test_cli), the server (test_serve), Ray (test_ray_build, test_ray_serve) and
-sharding (test_sharded); a snippet whose extra is not installed is skipped.
+install lines, `linearrag demo` (test_cli), Ray (test_ray_build, test_ray_serve) and
+sharding (test_sharded); a snippet whose extra is not installed is skipped. The server snippet runs in bash, as
+written (slow: a server process).
 """
 from __future__ import annotations
 
@@ -221,3 +222,45 @@ def test_the_flagship_example_finds_its_second_hop_on_the_full_sample(tmp_path, 
     for line in out.splitlines():
         printed = re.sub(r"score (\S+)", "score", line)
         assert any(re.sub(r"score (\S+)", "score", shown) == printed for shown in first_screen.splitlines()), line
+
+
+def server_snippet(text: str) -> list[str]:
+    """The shell lines of the README's **Server** block (continuation lines joined), in order."""
+    block = re.search(r"^\*\*Server\*\*.*?\n\n((?:    .*\n)+)", text, re.M).group(1)
+    return [line.strip() for line in re.sub(r"\\\n\s*", "", block).splitlines()]
+
+
+def test_the_server_snippet_waits_for_health_before_searching():
+    """`linearrag serve ... &` then a search at once is refused (the port is not open yet) or answered 503 (the
+    index is loading): the snippet waits for GET /health to answer 200 (`curl -f` fails on a 503) first."""
+    lines = server_snippet(README)
+    serve = next(i for i, line in enumerate(lines) if line.startswith("linearrag serve") and line.endswith("&"))
+    search = next(i for i, line in enumerate(lines) if "/v1/search" in line)
+    wait = lines[serve + 1]
+    assert serve < search and serve + 1 < search, lines
+    assert re.match(r"until curl -s?f\S* localhost:(\d+)/health(\s*>\s*/dev/null)?; do sleep \d+; done", wait), wait
+    port = re.search(r"--port (\d+)", lines[serve]).group(1)
+    assert f"localhost:{port}/health" in wait and f"localhost:{port}/v1/search" in lines[search]
+
+
+def test_the_readme_server_snippet_runs_as_written(small_index_dir, tmp_path):
+    """The snippet run by bash as written (the server on a free port, the 60-passage index, `linearrag` as this
+    interpreter's module, the wait bounded): the search's hits (the server's access log shares the output)."""
+    import os
+    import shutil
+    import subprocess
+
+    from test_serve import free_port
+
+    if shutil.which("curl") is None:
+        pytest.skip("no curl")
+    script = "\n".join(line for line in server_snippet(README) if not line.startswith("pip "))
+    script = (script.replace("8000", str(free_port())).replace("demo_index", shlex.quote(str(small_index_dir)))
+              .replace("linearrag serve", f"{shlex.quote(sys.executable)} -m linearrag_torch.cli serve")
+              .replace("until ", "timeout 120 bash -c 'until ", 1).replace("; done", "; done'", 1))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(["bash", "-c", "set -e\ntrap 'kill $!' EXIT\n" + script], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert '{"results":[{"question":"Which country the composer' in proc.stdout, proc.stdout + proc.stderr
+    assert '"title":"Thunder on the Hill"' in proc.stdout

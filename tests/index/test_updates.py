@@ -177,7 +177,7 @@ def test_equal_tokens_are_found_by_hash_and_checked(nlp, encoder, monkeypatch, o
     changes nothing (the tokens are compared); an index without stored hashes gets them computed."""
     import dataclasses
 
-    from linearrag_torch.indexing import encoding
+    from linearrag_torch.models import encoding
 
     base = [Passage("a", "Paris", "Paris is the capital of France."), Passage("b", "", "Marie Curie lived in Paris.")]
     more = [Passage("c", "PARIS", "PARIS is the capital of FRANCE."), Passage("d", "", "Rome is the capital of Italy.")]
@@ -319,6 +319,7 @@ def test_cli_add_and_delete(shared_models, first_half, halves, nlp, encoder, cap
         (["delete", idx, "--ids", "nope"], "no passage with id 'nope'"),
         (["delete", idx, "--ids", "1,,2"], "empty id"),
         (["delete", idx], "no id given"),
+        (["delete", idx, "2", "5"], f"the ids go after --ids: linearrag delete {idx} --ids 2,5 (or --ids-file FILE)"),
         (["delete", idx, "--ids-file", tmp_path / "missing.txt"], "missing.txt: no such file"),
         (["delete", tmp_path / "not-an-index", "--ids", "1"], "no such index folder"),
         (["add", tmp_path / "not-an-index", more], "no such index folder"),

@@ -3,8 +3,8 @@ and bf16 autocast, padded batches), and models it does not reproduce keep their 
 import pytest
 import torch
 
-from linearrag_torch.indexing.bert_forward import BertForward
-from linearrag_torch.indexing.encoding import Encoder
+from linearrag_torch.models.bert_forward import BertForward
+from linearrag_torch.models.encoding import Encoder
 from linearrag_torch.env import native_bf16
 
 
@@ -74,7 +74,7 @@ def test_packed_forward_equals_the_padded_one(encoder, autocast):
 def test_question_passes_with_much_padding_are_packed(encoder, monkeypatch):
     """encode_token_ids packs a pass whose padded tokens reach PACK_MIN_PADDED times its real ones (a question
     beside short entity strings), not one without padding; the vectors are those of the padded pass."""
-    from linearrag_torch.indexing import encoding
+    from linearrag_torch.models import encoding
 
     calls = []
     real_packed = BertForward.packed
@@ -112,7 +112,7 @@ def test_bf16_linear_layers_packed_for_onednn_give_f_linear_values(encoder, monk
     fails is not used."""
     import torch.nn.functional as F
 
-    from linearrag_torch.indexing import bert_forward
+    from linearrag_torch.models import bert_forward
 
     dense = encoder.model.encoder.layer[0].intermediate.dense
     w, b = dense.weight.detach().bfloat16(), dense.bias.detach().bfloat16()

@@ -15,7 +15,7 @@ from linearrag_torch import LinearRAG, env
 from linearrag_torch.indexing.build import build_index
 from linearrag_torch.config import IndexConfig
 from linearrag_torch.corpus import as_passages
-from linearrag_torch.indexing.encoding import Encoder, native_bf16, resolve_precision
+from linearrag_torch.models.encoding import Encoder, native_bf16, resolve_precision
 from linearrag_torch.index import TriGraphIndex, passage_text
 
 
@@ -39,8 +39,8 @@ def test_auto_is_bfloat16_only_on_a_cpu_with_native_bf16(monkeypatch, amx, avx51
         warnings.simplefilter("always")
         assert resolve_precision("bfloat16", "cpu") == "bfloat16"
     assert [str(w.message) for w in caught if "emulates" in str(w.message)] == ([] if want == "bfloat16" else [
-        "bfloat16 on cpu without native bf16 (AMX-BF16, AVX512-BF16 or CUDA): torch emulates it, measured 5.8x "
-        "slower than float32 on an AVX2 CPU"])
+        "bfloat16 on cpu without native bf16 (AMX-BF16, AVX512-BF16 or CUDA): torch emulates it, far slower than "
+        "float32 (docs/tuning.md, 'Encoder precision')"])
 
 
 def test_auto_elsewhere_and_bad_values():

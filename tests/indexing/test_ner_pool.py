@@ -9,7 +9,7 @@ import torch
 
 from conftest import demo_questions
 from linearrag_torch import LinearRAG
-from linearrag_torch.indexing.nlp import NERPool, question_entities
+from linearrag_torch.models.nlp import NERPool, question_entities
 
 # the 40 bundled questions, a question without entities, and a few whose entities NER labels differently
 QUESTIONS = [q["question"] for q in demo_questions()] + [

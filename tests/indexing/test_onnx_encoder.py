@@ -1,4 +1,4 @@
-"""The question encoder on ONNX Runtime (encoder_backend="onnx", linearrag_torch/indexing/onnx_encoder.py).
+"""The question encoder on ONNX Runtime (encoder_backend="onnx", linearrag_torch/models/onnx_encoder.py).
 
 Independent reference: the torch float32 encoder (conftest.encoder) on the same texts and token ids, and the
 search results of the default LinearRAG. The export goes to a temporary LINEARRAG_CACHE (once per module).
@@ -11,9 +11,9 @@ import torch
 pytest.importorskip("onnxruntime")
 
 from linearrag_torch import LinearRAG
-from linearrag_torch.indexing import onnx_encoder  # noqa: E402
+from linearrag_torch.models import onnx_encoder  # noqa: E402
 from linearrag_torch.cli import main  # noqa: E402
-from linearrag_torch.indexing.encoding import Encoder  # noqa: E402
+from linearrag_torch.models.encoding import Encoder  # noqa: E402
 
 from conftest import demo_questions  # noqa: E402
 

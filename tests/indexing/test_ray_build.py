@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from linearrag_torch import LinearRAG
-from linearrag_torch.indexing import encoding, ray_build
+from linearrag_torch.indexing import ray_build
+from linearrag_torch.models import encoding
 from linearrag_torch.cli import main
 from linearrag_torch.config import IndexConfig
 from linearrag_torch.index import MATRICES, NER_PARTS, TriGraphIndex
@@ -163,7 +164,7 @@ def test_an_unreachable_address_is_named(ray_cluster, passages, tmp_path, capsys
 def test_a_failing_actor_is_a_clear_error(ray_cluster, passages):
     cfg = IndexConfig(spacy_model="no_such_spacy_model")
     with deadline(RAY_DEADLINE_S), pytest.raises(ray_build.RayBuildError, match="NerActor pool failed.*no_such_spacy_model"):
-        ray_build.build(passages[:2], index_config=cfg, device="cpu", progress=False)
+        ray_build.build_index_on_ray(passages[:2], index_config=cfg, progress=False)
 
 
 # ------------------------------------------------------------------------------------- without a cluster

@@ -1,7 +1,7 @@
 """The CUDA settings run on CPU tensors: reduced-precision encoding."""
 import torch
 
-from linearrag_torch.indexing.encoding import Encoder
+from linearrag_torch.models.encoding import Encoder
 
 
 def test_autocast_encoding_stays_close_to_float32():

@@ -24,7 +24,7 @@ def questions():
 
 @pytest.fixture(scope="module")
 def int8_encoder():
-    from linearrag_torch.indexing.encoding import Encoder
+    from linearrag_torch.models.encoding import Encoder
 
     return Encoder(quantize="int8")
 
@@ -318,7 +318,7 @@ def test_question_path_versions_benchmark_options(small_index_dir, tmp_path):
 def test_question_ner_fallback_and_off_use_the_lexicon_first(small_rag, questions):
     """question_ner: 'always' = NER then lexicon (today's path); 'fallback' = the lexicon's matches, NER only
     where the lexicon finds nothing; 'off' = the lexicon's matches only (a question without any has none)."""
-    from linearrag_torch.indexing.nlp import question_entities
+    from linearrag_torch.models.nlp import question_entities
 
     pipe = small_rag.pipeline
     qs = list(questions) + ["zzqx wibble frobnicate?"]  # the last one: nothing the lexicon knows

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from linearrag_torch import Hit, LinearRAG, RetrievalConfig
-from linearrag_torch.indexing.encoding import resolve_model_folder
-from linearrag_torch.indexing.nlp import question_entities
+from linearrag_torch.models.encoding import resolve_model_folder
+from linearrag_torch.models.nlp import question_entities
 
 from conftest import assert_pair_moved, demo_questions
 
@@ -256,3 +256,21 @@ def test_explain_marks_seeds(small_rag, encoder, small_questions, mode):
             for h, ents in ex["hits"]:
                 in_passage = {index.entities[e] for e in rows(index.C)[h.row]}
                 assert {n for n, t, _ in ents if t == 1} == set(got) & in_passage
+
+
+def test_explain_names_the_chain_seeds_each_hit_contains(small_rag, small_questions):
+    """"bridges": per hit, the later rounds' seeds whose entity its passage contains, in the chain seeds' order;
+    the README's second hop (Hans J. Salter, a passage that names nothing of the question) is reached through one;
+    with one round there are none."""
+    index = small_rag.index
+    questions = [q["question"] for q in small_questions]
+    for ex in small_rag.explain(questions, top_k=5):
+        assert len(ex["bridges"]) == len(ex["hits"])
+        for (h, _), via in zip(ex["hits"], ex["bridges"]):
+            in_passage = {index.entities[e] for e in rows(index.C)[h.row]}
+            assert via == [(n, w) for n, w in ex["chain_seeds"] if n in in_passage]
+    thunder = small_rag.explain(demo_questions()[0]["question"], top_k=5)[0]
+    salter = next(via for (h, _), via in zip(thunder["hits"], thunder["bridges"]) if h.title == "Hans J. Salter")
+    assert "Hans J. Salter" in [n for n, _ in salter]
+    one_round = small_rag.explain(questions, top_k=5, chain_passages=0)
+    assert all(via == [] for ex in one_round for via in ex["bridges"])

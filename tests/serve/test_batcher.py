@@ -222,7 +222,7 @@ def test_gather_does_not_delay_a_lone_client():
 def test_gather_does_not_wait_for_the_rest_of_a_request_in_parts():
     """Closed-loop clients beside a heavy request split into parts: a batch waits for the clients just answered and
     that request's next part, not for all its questions (counted, they made every batch wait its whole allowance,
-    a quarter of the last call's time, in vain: 9-20% of the engine idle in the heavy mix)."""
+    a quarter of the last call's time, in vain, and the engine idled in the heavy mix: docs/serving.md)."""
     starts = []
 
     def run_batch(key, questions):

@@ -55,7 +55,7 @@ def resolve_precision(precision: str, device) -> str:
         return "bfloat16" if env.native_bf16(device) else "float32"
     if precision == "bfloat16" and not env.native_bf16(device):
         warnings.warn(f"bfloat16 on {torch.device(device)} without native bf16 (AMX-BF16, AVX512-BF16 or CUDA): "
-                      f"torch emulates it, measured 5.8x slower than float32 on an AVX2 CPU", RuntimeWarning,
+                      f"torch emulates it, far slower than float32 (docs/tuning.md, 'Encoder precision')", RuntimeWarning,
                       stacklevel=2)
     return precision
 
@@ -128,8 +128,8 @@ def quantize_int8(model: torch.nn.Module, all_layers: bool = False) -> torch.nn.
 
     By default the feed-forward output projections stay float32: their input (after GELU) has outliers
     that per-tensor activation quantisation loses; with them quantised too (``all_layers``, "int8-all")
-    MiniLM's question vectors fall to cosine ~0.98 of the exact ones (entity names ~0.97, some ~0.90),
-    without them ~0.99 (benchmarks/README.md, "int8 question encoder")."""
+    MiniLM's question vectors move further from the exact ones, entity names most (how far, and what it does to
+    recall: docs/tuning.md, "int8 question encoder", and docs/benchmarks/encoders.md)."""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
     spec = {name: per_channel_dynamic_qconfig for name, m in model.named_modules()
@@ -154,8 +154,8 @@ class Encoder:
         is ignored. Without it, ``autocast``: the reduced precision the transformer runs in; "auto" = bf16
         (or fp16) on CUDA and float32 elsewhere, None = always float32, or a dtype.
         ``quantize``: None (exact float32 weights), "int8" (torch dynamic quantisation of the
-        transformer's Linear layers but the feed-forward outputs; CPU only: vectors within cosine ~0.99
-        of the exact ones) or "int8-all" (every Linear layer: faster, cosine ~0.98); see quantize_int8.
+        transformer's Linear layers but the feed-forward outputs; CPU only: vectors close to the exact ones)
+        or "int8-all" (every Linear layer: faster, further from them); see quantize_int8 and docs/tuning.md.
         The int8 encoder runs without autocast whatever ``precision`` says.
         ``backend``: "torch", or "onnx" (the transformer in float32 on ONNX Runtime, CPU only, extra [onnx]:
         the same vectors to float noise, faster for a few texts; see onnx_encoder.py).
