@@ -115,7 +115,7 @@ def test_aten_cpu_capability_avx2_makes_a_bf16_cpu_choose_float32():
     import subprocess
     import sys
 
-    code = ("import torch; from linearrag_torch import env; from linearrag_torch.indexing.encoding import "
+    code = ("import torch; from linearrag_torch import env; from linearrag_torch.models.encoding import "
             "resolve_precision; print(torch.backends.cpu.get_cpu_capability(), env.native_bf16('cpu'), "
             "resolve_precision('auto', 'cpu'))")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ATEN_CPU_CAPABILITY": "avx2"},
