@@ -2,6 +2,8 @@
 server), and a 422 names the field without sending a long input back."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 pytest.importorskip("fastapi")
@@ -18,6 +20,10 @@ from linearrag_torch.serve.app import DOC_ASSETS  # noqa: E402
 def client(small_rag):
     service = LinearRAGService(None, ServeSettings(max_questions=5, max_question_chars=200), rag=small_rag)
     with TestClient(create_app(service)) as c:  # runs the lifespan: the service loads and warms up
+        deadline = time.monotonic() + 120  # in the background: searches are 503 until /health says ok
+        while c.get("/health").status_code != 200:
+            assert time.monotonic() < deadline, c.get("/health").text
+            time.sleep(0.05)
         yield c
 
 
