@@ -97,7 +97,7 @@ class RetrievalConfig:
                                 "'local' (a forward push touching only the nodes whose residual exceeds ppr_eps "
                                 "times their strength; every passage score within ppr_eps of the exact one, "
                                 "docs/METHOD.md)", choices=PPR_MODES)
-    ppr_eps: float = _f(1e-5, "local PageRank: a node is pushed while its residual exceeds this times its strength "
+    ppr_eps: float = _f(1e-4, "local PageRank: a node is pushed while its residual exceeds this times its strength "
                               "(smaller: closer to exact, more work)")
     reset_passages: int = _f(0, "eq. 7's dense term only for each question's this many passages most similar to it "
                                 "(0: every passage; the passages holding active entities keep their entity term)")
