@@ -190,7 +190,8 @@ def local_pagerank(graph: PushGraph, reset_p, reset_e, batch: int, cfg: Retrieva
     for rounds in range(1, cfg.ppr_max_iter + 1):
         keys, r, p, thr = table
         act = torch.nonzero(r > thr).flatten()
-        # the one value a round reads back to the host: how many (question, node) pairs it pushes
+        # what a round reads back to the host (a sync on a GPU): how many (question, node) pairs it pushes; the
+        # merge's index lists add two more; none of them grows with the batch
         if act.numel() == 0:
             break
         ar = r.index_select(0, act)
