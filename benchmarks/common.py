@@ -177,9 +177,14 @@ class StepMeter:
     def __init__(self, device):
         self.device, self.bytes, self.calls = device, 0, 0
         self._logs = []
+        self.stage_s = {}  # seconds per part of the graph rounds (StepLog.stage_s)
+        self.pushes = []  # local PageRank calls (StepLog.pushes: local_ppr.PushStats)
 
     def add(self, trace) -> None:
         log = trace.ppr_steps
+        for k, v in getattr(log, "stage_s", {}).items():
+            self.stage_s[k] = self.stage_s.get(k, 0.0) + v
+        self.pushes += list(getattr(log, "pushes", []))
         self.calls += len(log)
         self.bytes += sum(ppr_step_bytes(st.walk, st.columns.numel()) for st in log)
         for st in log.steps:  # keep the time marks only (a step's operator may be a per-call copy of the walk)

@@ -221,6 +221,14 @@ def time_torch(graph, index, batch: int, cfg, device, min_questions: int, seed: 
     meter = StepMeter(device)  # the PageRank steps of the timed calls: count, time, modeled traffic
     out = _time_torch_calls(graph, index, batch, cfg, device, min_questions, seed, max_call_s, chunk, meter)
     ppr_ms = meter.ms()
+    questions = out["questions_timed"]
+    out["stage_ms_per_question"] = {k: 1e3 * v / questions for k, v in meter.stage_s.items()}
+    if meter.pushes:
+        cols = sum(p.columns for p in meter.pushes)
+        out["ppr_touched_per_question_round"] = sum(p.touched for p in meter.pushes) / cols
+        out["ppr_pushed_per_question_round"] = sum(p.pushed for p in meter.pushes) / cols
+        out["ppr_rounds_max"] = max(p.rounds for p in meter.pushes)
+        ppr_ms = 1e3 * meter.stage_s.get("pagerank", 0.0)
     out.update({"ppr_step_calls": meter.calls, "ppr_s": ppr_ms / 1e3,
                 "ppr_fraction_of_time": ppr_ms / 1e3 / out["seconds"] if out["seconds"] else None,
                 "ppr_modeled_GB_per_s": meter.bytes / (ppr_ms / 1e3) / 1e9 if ppr_ms else None})
@@ -297,8 +305,31 @@ def time_scipy(index, prepared, batch: int, cfg, max_questions: int, seed: int):
             "peak_mem_bytes": peak_memory(torch.device("cpu")), "mem_before_bytes": base}
 
 
+def mode_configs(args) -> dict:
+    """The torch backend's settings per PageRank mode asked (--ppr-modes): the row's backend name -> config."""
+    out = {}
+    for mode in args.ppr_modes:
+        if mode == "exact":
+            out["torch"] = RetrievalConfig().replace(ppr_mode="exact", reset_passages=args.exact_reset_passages)
+        else:
+            out["torch local"] = RetrievalConfig().replace(ppr_mode="local", reset_passages=args.reset_passages,
+                                                           ppr_eps=args.ppr_eps, reset_minmax=args.reset_minmax)
+    return out
+
+
+def top5_agreement(graph, index, cfgs: dict, questions: int, seed: int) -> dict:
+    """Share of ``questions`` random questions whose top 5 under each setting equals the exact mode's (the
+    row "torch"), in percent."""
+    if "torch" not in cfgs or len(cfgs) < 2:
+        return {}
+    q = random_queries(index, questions, seed=seed)
+    ref = retrieve(graph, q, cfgs["torch"]).indices[:, :5]
+    return {name: 100.0 * float((retrieve(graph, q, cfg).indices[:, :5] == ref).all(1).float().mean())
+            for name, cfg in cfgs.items() if name != "torch"}
+
+
 def run_size(passages, stats, args, device, log):
-    cfg = RetrievalConfig()
+    cfgs = mode_configs(args)
     index, graph, info = build(passages, stats, args.dim, device, seed=args.seed)
     if args.memory_budget:
         graph.memory_budget = args.memory_budget
@@ -307,16 +338,27 @@ def run_size(passages, stats, args, device, log):
     rows = []
     common = {"passages": passages, "build_s": info["build_s"], "build_cpu_s": info["build_cpu_s"],
               "index_bytes": info["index_bytes"]}
+    if "torch" in args.backends and args.agreement_questions:
+        info["top5_same_as_exact_percent"] = top5_agreement(graph, index, cfgs, args.agreement_questions,
+                                                            args.seed + 7)
+        if info["top5_same_as_exact_percent"]:
+            log(f"    top 5 the same as the exact mode's: {info['top5_same_as_exact_percent']} "
+                f"({args.agreement_questions} questions)")
     for batch in args.batch:
-        if "torch" in args.backends:
+        for name, cfg in (cfgs.items() if "torch" in args.backends else ()):
             r = time_torch(graph, index, batch, cfg, device, args.min_questions, args.seed + 1000 * batch,
                            args.max_call_s)
-            rows.append({**common, "backend": "torch", "device": str(device), "batch": batch, **r})
+            rows.append({**common, "backend": name, "device": str(device), "batch": batch,
+                         "settings": {k: getattr(cfg, k) for k in ("ppr_mode", "reset_passages", "ppr_eps",
+                                                                   "reset_minmax")}, **r})
             part = f", {r['chunks_timed']} of {r['chunks']} chunks of {r['questions_per_chunk']}" if "chunks" in r else ""
-            log(f"    torch {str(device):>5} batch {batch:>5}: {r['queries_per_s']:9.2f} q/s "
+            stages = ", ".join(f"{k} {v:.2f}" for k, v in r["stage_ms_per_question"].items())
+            log(f"    {name:<11} {str(device):>5} batch {batch:>5}: {r['queries_per_s']:9.2f} q/s "
                 f"({r['questions_timed']} questions{part}, {r['queries_per_cpu_s'] or 0:.2f} per CPU-second, "
                 f"peak {r['peak_mem_bytes'] / 2**30:.2f} GiB; PageRank {100 * (r['ppr_fraction_of_time'] or 0):.0f}% "
-                f"of the time, {r['ppr_modeled_GB_per_s'] or 0:.1f} GB/s modeled)")
+                f"of the time, {r['ppr_modeled_GB_per_s'] or 0:.1f} GB/s modeled; ms/question: {stages}"
+                + (f"; touched {r['ppr_touched_per_question_round']:.0f} per question and round)"
+                   if "ppr_touched_per_question_round" in r else ")"))
     del graph  # the scipy reference's float64 copies take its place in memory
     gc.collect()
     if "scipy" in args.backends:
@@ -413,8 +455,8 @@ def plot(result: dict, png: Path) -> None:
         ax[0, 0].loglog([s["passages"] for s in warm], [s["build_warm_s"] for s in warm], "s--",
                         label=f"the same build again (slope {result['slopes'].get('build_warm') or 0:.2f})")
     ax[0, 0].set(title="structure build time (mentions -> device graph)", xlabel="passages", ylabel="seconds")
-    styles = {"torch": "-", "scipy": "--"}
-    for backend in ("torch", "scipy"):
+    styles = {"torch": "-", "scipy": "--", "torch local": ":"}
+    for backend in ("torch", "torch local", "scipy"):
         for batch in sorted({r["batch"] for r in rows if r["backend"] == backend}):
             pts = sorted((r["passages"], r["queries_per_s"], r["batch"] / r["queries_per_s"]) for r in rows
                          if r["backend"] == backend and r["batch"] == batch)
@@ -429,10 +471,11 @@ def plot(result: dict, png: Path) -> None:
     ax[1, 0].set(title="time per call (batch of questions)", xlabel="passages", ylabel="seconds")
     ax[1, 1].semilogx(P, [s["index_bytes_per_passage"] for s in sizes], "o-", label="index (embeddings + CSR)")
     ax[1, 1].semilogx(P, [s["graph_bytes"] / s["passages"] for s in sizes], "s-", label="device graph (query tensors)")
-    peak = sorted((r["passages"], r["peak_mem_bytes"] / r["passages"]) for r in rows
-                  if r["backend"] == "torch" and r["batch"] == max(x["batch"] for x in rows))
-    if peak:
-        ax[1, 1].semilogx(*zip(*peak), "^--", label="torch peak RSS at the largest batch")
+    for backend in ("torch", "torch local"):
+        peak = sorted((r["passages"], r["peak_mem_bytes"] / r["passages"]) for r in rows
+                      if r["backend"] == backend and r["batch"] == max(x["batch"] for x in rows))
+        if peak:
+            ax[1, 1].semilogx(*zip(*peak), "^--", label=f"{backend} peak RSS at the largest batch")
     ax[1, 1].set(title=f"bytes per passage (dim {sizes[0]['dim']})", xlabel="passages", ylabel="bytes")
     for a in ax.flat:
         a.grid(True, which="both", alpha=0.3)
@@ -449,6 +492,15 @@ def parse_args(argv=None):
     ap.add_argument("--batch", type=int, nargs="+", default=list(DEFAULT_BATCHES), help="batch sizes")
     ap.add_argument("--device", default="cpu", help="torch device of the torch backend (cpu, cuda, auto)")
     ap.add_argument("--backends", nargs="+", default=["torch", "scipy"], choices=["torch", "scipy"])
+    ap.add_argument("--ppr-modes", nargs="+", default=["exact"], choices=["exact", "local"],
+                    help="the torch backend's PageRank: 'exact' (row backend 'torch') and/or 'local' ('torch local')")
+    ap.add_argument("--exact-reset-passages", type=int, default=0, help="reset_passages of the exact rows")
+    ap.add_argument("--reset-passages", type=int, default=RetrievalConfig().reset_passages or 100,
+                    help="reset_passages of the local rows")
+    ap.add_argument("--reset-minmax", default=RetrievalConfig().reset_minmax, choices=["global", "top"])
+    ap.add_argument("--ppr-eps", type=float, default=RetrievalConfig().ppr_eps, help="ppr_eps of the local rows")
+    ap.add_argument("--agreement-questions", type=int, default=64,
+                    help="questions on which the local rows' top 5 is compared with the exact mode's (0: none)")
     ap.add_argument("--dim", type=int, default=64, help="embedding dimension of the synthetic corpora")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch (and BLAS) threads; 1 by default: on a shared machine it gives steady numbers")
@@ -507,7 +559,7 @@ def prepare(args):
                                                 "extra_ratio")})
     sizes = {s["passages"]: s for s in old.get("sizes", [])}
     rows = [r for r in old.get("rows", []) if r["passages"] not in args.sizes
-            or r["backend"] not in args.backends or r["batch"] not in args.batch
+            or r["backend"].split()[0] not in args.backends or r["batch"] not in args.batch
             or (r["backend"] == "torch" and r["device"] != str(device))]
     return device, malloc_kept, stats, real, generator, sizes, rows
 

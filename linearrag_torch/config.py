@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, fields
 MODES = ("paper", "reference")
 QUESTION_NER = ("always", "fallback", "off")
 RERANKER_PRECISIONS = ("auto", "float32", "bfloat16", "int8")  # rerank.scoring.resolve_precision
+PPR_MODES = ("exact", "local")  # retrieval/pagerank.py (the whole walk), retrieval/local_ppr.py (forward push)
+RESET_MINMAX = ("global", "top")  # eq. 7's min-max with reset_passages: over all passages or over the top m
 
 
 def _f(default, help: str, **meta):
@@ -91,6 +93,16 @@ class RetrievalConfig:
     # (float32 rounding puts the floor of ppr_tol near 1e-7)
     ppr_tol: float = _f(1e-6, "power-iteration tolerance: a question stops when its L1 change falls below this")
     ppr_max_iter: int = _f(200, "power-iteration cap")
+    ppr_mode: str = _f("exact", "PageRank of eq. 6: 'exact' (iterates over the whole graph until ppr_tol) or "
+                                "'local' (a forward push touching only the nodes whose residual exceeds ppr_eps "
+                                "times their strength; every passage score within ppr_eps of the exact one, "
+                                "docs/METHOD.md)", choices=PPR_MODES)
+    ppr_eps: float = _f(1e-4, "local PageRank: a node is pushed while its residual exceeds this times its strength "
+                              "(smaller: closer to exact, more work)")
+    reset_passages: int = _f(0, "eq. 7's dense term only for each question's this many passages most similar to it "
+                                "(0: every passage; the passages holding active entities keep their entity term)")
+    reset_minmax: str = _f("global", "with reset_passages: eq. 7's min-max of the cosines over all passages "
+                                     "('global') or over those top passages ('top')", choices=RESET_MINMAX)
     adjacent_passages: bool = _f(False, "link passage i to i+1 (only for consecutive chunks of one document)")
     lexicon_seeds: bool = _f(True, "also find question entities by matching the index's entity strings")
     question_ner: str = _f("always", "spaCy NER on the questions: 'always', 'fallback' (only for questions in which "
@@ -170,6 +182,14 @@ class RetrievalConfig:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
         if self.ppr_tol <= 0 or self.ppr_max_iter < 1:
             raise ValueError("ppr_tol must be > 0 and ppr_max_iter >= 1")
+        if self.ppr_mode not in PPR_MODES:
+            raise ValueError(f"ppr_mode must be one of {PPR_MODES}, got {self.ppr_mode!r}")
+        if not self.ppr_eps > 0:
+            raise ValueError(f"ppr_eps must be > 0, got {self.ppr_eps}")
+        if self.reset_passages < 0:
+            raise ValueError(f"reset_passages must be >= 0, got {self.reset_passages}")
+        if self.reset_minmax not in RESET_MINMAX:
+            raise ValueError(f"reset_minmax must be one of {RESET_MINMAX}, got {self.reset_minmax!r}")
         if self.chain_passages < 0 or self.chain_sentences < 1 or self.chain_keep < 0 or self.chain_weight < 0 \
                 or self.chain_rounds < 1 or self.chain_passage_weight < 0:
             raise ValueError("chain_passages, chain_keep, chain_weight and chain_passage_weight must be >= 0, "

@@ -50,6 +50,11 @@ class ShardedEngine:
         if cfg.adjacent_passages:
             raise ValueError("adjacent_passages is not supported by the sharded engine (it links passages "
                              "across shard boundaries); query the index in one process")
+        if cfg.use_ppr and cfg.ppr_mode != "exact" or cfg.reset_passages:
+            raise ValueError(f"ppr_mode={cfg.ppr_mode!r} / reset_passages={cfg.reset_passages} are not supported by "
+                             "the sharded engine (it runs the exact PageRank on the dense reset); set "
+                             "ppr_mode='exact' and reset_passages=0 (--ppr-mode exact --reset-passages 0), or query "
+                             "the index in one process")
         queries = self._stored_vectors(queries.to(self.shard.device))
         return stages.run(self, queries, cfg, trace)
 

@@ -25,7 +25,8 @@ from .activation import (Activation, ActivePairs, ColumnEntries, NearestMemo, de
 from ..config import RetrievalConfig
 from ..index import TriGraphIndex
 from .memory import default_chunk_budget
-from .pagerank import PPRGraph, StepLog, passage_reset_entries, personalized_pagerank
+from .local_ppr import PushGraph, local_pagerank
+from .pagerank import PPRGraph, StepLog, passage_reset_entries, personalized_pagerank, sparse_reset_entries
 from ..queries import EncodedQueries, Retrieved
 from ..rerank import load_reranker
 from ..runtime import tracing
@@ -94,6 +95,7 @@ class DeviceGraph:
         self.sentence_emb = query_embeddings(index.sentence_emb, self.device, upcast)
         self.entity_emb = query_embeddings(index.entity_emb, self.device, upcast)
         self._ppr = {}
+        self._push = {}  # adjacent_passages -> local_ppr.PushGraph (ppr_mode="local")
         self.nearest = NearestMemo()  # eq. 3's scan (keeping_last: a chain's later round repeats it)
         self._pair_C = None  # (C crow, C col, passages per entity, {max passages: linking entities}): pairs.rerank
         self._chain = None  # chain.ChainTables on this device, made on first use
@@ -173,6 +175,12 @@ class DeviceGraph:
             self._ppr[adjacent_passages] = PPRGraph.build(self.index.C, adjacent_passages, self.device)
         return self._ppr[adjacent_passages]
 
+    def push_graph(self, adjacent_passages: bool) -> PushGraph:
+        """The walk of eq. 6 for the local PageRank (local_ppr.PushGraph), built on first use."""
+        if adjacent_passages not in self._push:
+            self._push[adjacent_passages] = PushGraph.build(self.index.C, adjacent_passages, self.device)
+        return self._push[adjacent_passages]
+
     def pair_rerank(self, queries: EncodedQueries, out: Retrieved, cfg: RetrievalConfig) -> Retrieved:
         """pairs.rerank of ``out`` for these questions (C's structure kept on the device on first use)."""
         N = min(cfg.pair_candidates, out.indices.shape[1])
@@ -199,6 +207,8 @@ class DeviceGraph:
         P, E = self.passage_emb.shape[0], self.entity_emb.shape[0]
         walk = self._ppr.get(cfg.adjacent_passages)
         rows = walk.to_entities.shape[0] if walk is not None else E
+        if cfg.ppr_mode == "local" and cfg.use_ppr:
+            rows = 0  # the push's table grows with its threshold, not with the corpus
         paper = cfg.use_activation and cfg.mode == "paper"
         return BYTES_PER_PASSAGE * P + BYTES_PER_WALK_ROW * rows + (BYTES_PER_ENTITY_PAPER * E if paper else 0)
 
@@ -379,7 +389,9 @@ def graph_round(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfi
     Trace with ``trace``). ``steps``: the PageRank's steps are recorded there (pagerank.StepLog)."""
     queries = queries.to(graph.device)
     B = queries.batch_size
-    if cfg.use_ppr:
+    if cfg.use_ppr and cfg.ppr_mode == "local":
+        graph.push_graph(cfg.adjacent_passages)
+    elif cfg.use_ppr:
         graph.ppr_graph(cfg.adjacent_passages)  # built once; its size enters the chunk size
     chunk = graph.questions_per_chunk(memory_budget, cfg)
     if B <= chunk:
@@ -404,14 +416,18 @@ def _retrieve_chunk(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalC
     B = queries.batch_size
     P, E = graph.passage_emb.shape[0], graph.entity_emb.shape[0]
     k = min(cfg.top_k, P)
-    sim = graph.passage_cosines(queries.query_emb)  # [P, B] float32 (shared: not written to)
-    seed_keys, seed_vals, act = activate_pairs(graph, queries, cfg)
+    part = steps.stage if steps is not None else _no_stage  # seconds per part (StepLog.stage_s)
+    with part("cosines"):
+        sim = graph.passage_cosines(queries.query_emb)  # [P, B] float32 (shared: not written to)
+    with part("seeds and activation"):
+        seed_keys, seed_vals, act = activate_pairs(graph, queries, cfg)
     # the active (entity, question) pairs: eq. 7's sum and the PageRank reset are nonzero only there
     e, b = act.row, act.col
     use_graph = torch.zeros(B, dtype=torch.bool, device=graph.device)
     use_graph[b] = True  # a question without a seed (so nothing active) is answered by dense retrieval
     g = torch.nonzero(use_graph).flatten()
     scores = sim
+    local = cfg.use_ppr and cfg.ppr_mode == "local"
     if g.numel():  # eqs. 7 and 6 for the questions with seeds only
         n = g.numel()
         # a chain's later round raises eq. 7's dense prior (chain.passage_prior); the dense fallback keeps sim
@@ -422,13 +438,18 @@ def _retrieve_chunk(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalC
             bg, sim_g = col[b], prior.index_select(1, g)
         else:
             bg, sim_g = b, prior
-        reset_p = passage_reset_entries(sim_g, graph.N_logT, ColumnEntries(e, bg, act.val / act.tier.to(sim.dtype), (E, n)),
-                                        cfg)
+        per_entity = ColumnEntries(e, bg, act.val / act.tier.to(sim.dtype), (E, n))
+        if local:
+            return _local_rest(graph, queries, cfg, trace, steps, sim, sim_g, per_entity,
+                               ColumnEntries(e, bg, act.reset, (E, n)), use_graph, g, k, seed_keys, seed_vals, act)
+        with part("reset"):
+            reset_p = passage_reset_entries(sim_g, graph.N_logT, per_entity, cfg)
         if cfg.use_ppr:
             # the entity reset is nonzero only at active pairs (seeds and triggered entities)
-            ppr_p, _, valid = personalized_pagerank(graph.ppr_graph(cfg.adjacent_passages), reset_p,
-                                                    ColumnEntries(e, bg, act.reset, (E, n)), cfg,
-                                                    entity_scores=False, steps=steps)
+            with part("pagerank"):
+                ppr_p, _, valid = personalized_pagerank(graph.ppr_graph(cfg.adjacent_passages), reset_p,
+                                                        ColumnEntries(e, bg, act.reset, (E, n)), cfg,
+                                                        entity_scores=False, steps=steps)
         else:
             ppr_p, valid = reset_p, torch.ones(n, dtype=torch.bool, device=graph.device)
         use_graph[g] = valid  # a reset summing to 0 falls back to dense retrieval too
@@ -437,7 +458,42 @@ def _retrieve_chunk(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalC
         else:
             scores = sim.clone()
             scores[:, g[valid]] = ppr_p[:, valid]
-    idx, vals = kernels.topk_columns(scores, k)  # best first, ties to the lowest row
+    with part("top-k"):
+        idx, vals = kernels.topk_columns(scores, k)  # best first, ties to the lowest row
+    out = Retrieved(idx, vals)
+    if trace:
+        return out, Trace(*dense_seeds(seed_keys, seed_vals, E, B), act.dense(), ~use_graph)
+    return out
+
+
+@contextmanager
+def _no_stage(name: str):
+    yield
+
+
+def _local_rest(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool, steps, sim, sim_g,
+                per_entity: ColumnEntries, reset_e: ColumnEntries, use_graph, g, k: int, seed_keys, seed_vals, act):
+    """_retrieve_chunk after activation with ppr_mode="local": eq. 7 as index lists on each question's top
+    reset_passages passages and its active entities' passages (pagerank.sparse_reset_entries), eq. 6 by the
+    batched forward push (local_ppr.local_pagerank), whose top k over the touched passages is the answer; the
+    questions without a valid reset take the top k of their cosines."""
+    part = steps.stage if steps is not None else _no_stage
+    B, n = queries.batch_size, g.numel()
+    P, E = graph.passage_emb.shape[0], graph.entity_emb.shape[0]
+    with part("reset"):
+        reset_p = sparse_reset_entries(sim_g, graph.N_logT, per_entity, cfg, at_least=k)
+    with part("pagerank"):
+        li, lv, valid = local_pagerank(graph.push_graph(cfg.adjacent_passages), reset_p, reset_e, n, cfg, k,
+                                       steps.pushes if steps is not None else None)
+    with part("top-k"):
+        use_graph[g] = valid  # a reset summing to 0 falls back to dense retrieval too
+        idx = torch.empty((B, k), dtype=torch.int64, device=graph.device)
+        vals = torch.empty((B, k), dtype=torch.float32, device=graph.device)
+        idx[g], vals[g] = li, lv
+        dense = torch.nonzero(~use_graph).flatten()
+        if dense.numel():
+            di, dv = kernels.topk_columns(sim.index_select(1, dense), k)
+            idx[dense], vals[dense] = di, dv.to(vals.dtype)
     out = Retrieved(idx, vals)
     if trace:
         return out, Trace(*dense_seeds(seed_keys, seed_vals, E, B), act.dense(), ~use_graph)

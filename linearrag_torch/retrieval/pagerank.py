@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -22,7 +23,8 @@ def minmax(x: torch.Tensor) -> torch.Tensor:
 
 
 def passage_reset_entries(sim: torch.Tensor, N_logT: Csr, act_over_tier: ColumnEntries, cfg: RetrievalConfig):
-    """Eq. 7 from the active (entity, question) pairs with their act_e / L_e (kernels.spmm_sparse_rhs)."""
+    """Eq. 7 from the active (entity, question) pairs with their act_e / L_e (kernels.spmm_sparse_rhs); with
+    cfg.reset_passages, the dense term only on each question's top passages (top_passages)."""
     z = torch.zeros_like(sim)
     a = act_over_tier
     kernels.spmm_sparse_rhs(N_logT.crow, N_logT.col, N_logT.val, a.row, a.col, a.val, z)
@@ -30,7 +32,63 @@ def passage_reset_entries(sim: torch.Tensor, N_logT: Csr, act_over_tier: ColumnE
 
 
 def _finish_reset(sim, z, cfg):
+    if cfg.reset_passages:
+        idx, val = top_passages(sim, cfg.reset_passages, cfg.reset_minmax)
+        dense = torch.zeros_like(sim).scatter_(0, idx, val)
+        return (cfg.lam * dense + torch.log1p_(z)) * cfg.passage_node_weight
     return (cfg.lam * minmax(sim) + torch.log1p_(z)) * cfg.passage_node_weight
+
+
+def top_passages(sim: torch.Tensor, m: int, norm: str = "global"):
+    """Eq. 7's min-max normalised cosine on each question's ``m`` passages of highest cosine only (the sparse
+    reset, RetrievalConfig.reset_passages): one top-k over the [P, B] cosines.
+
+    Parameters
+    ----------
+    sim : torch.Tensor
+        [P, B] cosines (or a later round's prior).
+    m : int
+        Passages kept per question (at most P).
+    norm : {"global", "top"}
+        Min-max over all passages, or over the kept ones (the m-th then gets 0).
+
+    Returns
+    -------
+    indices : torch.Tensor
+        int64 [min(m, P), B]: the passages, by descending cosine.
+    values : torch.Tensor
+        [min(m, P), B]: their normalised cosines, in [0, 1] (0 in a column whose cosines are all equal).
+    """
+    m = min(int(m), sim.shape[0])
+    top, idx = torch.topk(sim, m, dim=0)
+    hi = top[:1]
+    lo = top[-1:] if norm == "top" else sim.min(dim=0, keepdim=True).values
+    span = hi - lo
+    ok = span > 0
+    val = torch.where(ok, (top - lo) / torch.where(ok, span, torch.ones_like(span)), torch.zeros_like(top))
+    return idx, val
+
+
+def sparse_reset_entries(sim: torch.Tensor, N_logT: Csr, act_over_tier: ColumnEntries, cfg: RetrievalConfig,
+                         at_least: int = 0) -> ColumnEntries:
+    """Eq. 7 as index lists, for the local PageRank: the dense term on each question's top
+    max(cfg.reset_passages, at_least) passages (every passage when reset_passages is 0), the entity term on
+    the passages holding its active entities (entries repeat a passage: the consumer sums them; the sum is
+    eq. 7's value, the two terms being added after the logarithm). Nothing of size [P, B] but ``sim``."""
+    P, B = sim.shape
+    m = max(cfg.reset_passages, at_least) if cfg.reset_passages else P
+    idx, val = top_passages(sim, m, cfg.reset_minmax if cfg.reset_passages else "global")
+    cols = torch.arange(B, device=sim.device).expand(idx.shape[0], B)
+    a = act_over_tier
+    owner, pos, _ = kernels.segment_positions(N_logT.crow, a.row)
+    keys = a.col.index_select(0, owner) * P + N_logT.col.index_select(0, pos).to(torch.int64)
+    z = N_logT.val.index_select(0, pos).to(sim.dtype) * a.val.to(sim.dtype).index_select(0, owner)
+    zk, inv = torch.unique(keys, return_inverse=True)
+    zv = torch.zeros(zk.numel(), dtype=sim.dtype, device=sim.device).index_add_(0, inv, z)
+    w = cfg.passage_node_weight
+    row = torch.cat([idx.reshape(-1), zk % P])
+    col = torch.cat([cols.reshape(-1), torch.div(zk, P, rounding_mode="floor")])
+    return ColumnEntries(row, col, torch.cat([(cfg.lam * w) * val.reshape(-1), torch.log1p_(zv).mul_(w)]), (P, B))
 
 
 @dataclass
@@ -177,6 +235,17 @@ class StepLog:
 
     def __init__(self):
         self.steps: list[PPRStep] = []
+        self.pushes: list = []  # local_ppr.PushStats of every local PageRank call (ppr_mode="local")
+        self.stage_s: dict = {}  # seconds per part of a graph round (engine._retrieve_chunk; host clock, no sync)
+
+    @contextmanager
+    def stage(self, name: str):
+        """Add the block's seconds to stage_s[name] (time.perf_counter: on a GPU, the launches' time)."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stage_s[name] = self.stage_s.get(name, 0.0) + time.perf_counter() - t
 
     def __len__(self) -> int:
         return len(self.steps)

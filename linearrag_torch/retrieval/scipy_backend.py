@@ -119,9 +119,19 @@ def activate_reference(M: sp.csr_matrix, MT: sp.csr_matrix, sigma: np.ndarray, s
 def passage_reset(sim: np.ndarray, N: sp.csr_matrix, act: np.ndarray, tier: np.ndarray,
                   config: RetrievalConfig) -> np.ndarray:
     """Eq. 7: I0(p) = (lam * sim'(p) + ln(1 + sum_{e active} act[e] * ln(1 + N[p,e]) / L_e)) * W_p,
-    sim' the min-max normalised cosine (0 everywhere when max = min)."""
+    sim' the min-max normalised cosine (0 everywhere when max = min); with config.reset_passages = m, sim' only
+    on the m passages of highest cosine (0 elsewhere), min-max over all passages or over those m
+    (config.reset_minmax). The local PageRank (ppr_mode "local") is computed here exactly: this is its oracle."""
     lo, hi = sim.min(), sim.max()
+    keep = None
+    if config.reset_passages:
+        keep = np.argsort(-sim, kind="stable")[:min(config.reset_passages, len(sim))]
+        if config.reset_minmax == "top":
+            lo = sim[keep].min()
     sim_n = (sim - lo) / (hi - lo) if hi > lo else np.zeros_like(sim)
+    if keep is not None:
+        sim_n = np.zeros_like(sim_n)
+        sim_n[keep] = (sim[keep] - lo) / (hi - lo) if hi > lo else 0.0
     per_entity = np.zeros(len(act))
     active = tier > 0
     per_entity[active] = act[active] / tier[active]

@@ -15,12 +15,14 @@ from .settings import ServeSettings
 SETTING_BOUNDS = {"max_iterations": (1, 16), "top_k_sentence": (1, 64), "ppr_max_iter": (1, 1000),
                   "chain_passages": (0, 16), "chain_sentences": (1, 16), "chain_keep": (0, 16), "chain_rounds": (1, 4),
                   "pair_candidates": (0, 16), "rerank_candidates": (1, 50), "rerank_loop_candidates": (0, 50),
-                  "pair_link_max_passages": (1, 2 ** 31 - 1)}  # (past int32 the engine's tensors overflow: 500)
+                  "pair_link_max_passages": (1, 2 ** 31 - 1),  # (past int32 the engine's tensors overflow: 500)
+                  "reset_passages": (0, 2 ** 31 - 1)}
 # the float settings: RetrievalConfig.validate's own bounds, as pydantic (and JSON Schema) constraints, so that
 # the OpenAPI document says them; every other float lies within +-FLOAT_LIMIT (a weight of 1e308 overflows the
 # float32 scores: NaN, which JSON cannot carry) and is finite
 FLOAT_LIMIT = 1e6
 FLOAT_BOUNDS = {"damping": {"gt": 0.0, "lt": 1.0}, "ppr_tol": {"gt": 0.0, "le": FLOAT_LIMIT},
+                "ppr_eps": {"gt": 0.0, "le": FLOAT_LIMIT},
                 "chain_weight": {"ge": 0.0, "le": FLOAT_LIMIT}, "chain_passage_weight": {"ge": 0.0, "le": FLOAT_LIMIT},
                 "pair_rank_weight": {"ge": 0.0, "le": FLOAT_LIMIT}, "pair_link_weight": {"ge": 0.0, "le": FLOAT_LIMIT},
                 "chain_prior_floor": {"ge": -1.0, "le": 1.0}}

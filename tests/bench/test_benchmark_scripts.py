@@ -49,6 +49,23 @@ def test_scaling_benchmark_writes_slopes_rows_and_plot(tmp_path):
     assert out.with_suffix(".png").stat().st_size > 0
 
 
+def test_scaling_benchmark_runs_both_pagerank_modes_side_by_side(tmp_path):
+    out = tmp_path / "scaling_local.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.scaling", "--sizes", "1500", "--batch", "4",
+                           "--backends", "torch", "--ppr-modes", "exact", "local", "--reset-passages", "20",
+                           "--min-questions", "4", "--agreement-questions", "8", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    rows = {r["backend"]: r for r in res["rows"]}
+    assert set(rows) == {"torch", "torch local"}
+    assert rows["torch local"]["settings"]["ppr_mode"] == "local" and rows["torch"]["settings"]["ppr_mode"] == "exact"
+    assert rows["torch local"]["ppr_touched_per_question_round"] > 0 and "ppr_touched_per_question_round" not in rows["torch"]
+    assert {"cosines", "pagerank", "top-k"} <= set(rows["torch local"]["stage_ms_per_question"])
+    agree = res["sizes"][0]["top5_same_as_exact_percent"]["torch local"]
+    assert 0.0 <= agree <= 100.0
+
+
 def test_kernels_benchmark_checks_agreement_and_writes_plot(tmp_path):
     out = tmp_path / "kernels.json"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.fused_ops", "--passages", "1500", "--batch", "4",

@@ -188,6 +188,10 @@ def test_clear_errors():
     eng = ShardedEngine(Shard.build(idx, 0, 1), Comm(dist=False))
     with pytest.raises(ValueError, match="adjacent_passages"):
         eng.retrieve(random_queries(idx, batch=2), RetrievalConfig(adjacent_passages=True))
+    with pytest.raises(ValueError, match="ppr_mode='exact'"):
+        eng.retrieve(random_queries(idx, batch=2), RetrievalConfig(ppr_mode="local"))
+    with pytest.raises(ValueError, match="reset_passages=0"):
+        eng.retrieve(random_queries(idx, batch=2), RetrievalConfig(reset_passages=10))
 
 
 def _fail(comm):

@@ -65,7 +65,9 @@ def graph():
 
 
 @pytest.mark.parametrize("cfg", [RetrievalConfig(delta=0.2), RetrievalConfig(delta=0.2, chain_rounds=2),
-                                 RetrievalConfig(delta=0.2, mode="paper")], ids=["default", "two rounds", "paper"])
+                                 RetrievalConfig(delta=0.2, mode="paper"),
+                                 RetrievalConfig(delta=0.2, ppr_mode="local", reset_passages=50)],
+                         ids=["default", "two rounds", "paper", "local PageRank"])
 def test_retrieve_reads_the_host_only_for_convergence(graph, cfg):
     retrieve(graph, random_queries(graph.index, 4, seed=1), cfg)  # the chain tables and the PageRank operator
     batch = random_queries(graph.index, 64, seed=3)
@@ -74,6 +76,8 @@ def test_retrieve_reads_the_host_only_for_convergence(graph, cfg):
         with host_reads_only_where_allowed() as c:
             out, tr = retrieve(graph, queries, cfg, trace="steps")  # the steps recorded: nothing read
         c["steps"] = len(tr.ppr_steps)
+        if cfg.ppr_mode == "local":  # the push reads nothing back through these entry points: its one sync per
+            assert len(tr.ppr_steps.pushes) >= 1 and c["convergence"] == 0  # round is the size of a nonzero
         assert out.indices.shape == (B, cfg.top_k)  # the final top-k is copied out by the caller, after this
         counts[B] = c
         # one read per step, and once per round the operator's choice (and with one question, which reads its
