@@ -156,7 +156,6 @@ class HTTPFront:
         if hold > 0:
             await asyncio.sleep(hold)
 
-
     # ------------------------------------------------------------------ requests
     async def search(self, body: dict, place: Place | None = None, rid: str | None = None) -> dict:
         """Validate a /v1/search body, answer it through the engine host (used by the route; callable directly,
@@ -364,10 +363,9 @@ class HTTPFront:
                 place = svc.admit(svc.deadline(request.scope))
             try:
                 return await work(await svc.read_json(request), place, request_id(request.scope))
-            except HTTPError as err:
-                if isinstance(err, Overloaded):  # refused once its body said what it costs: held as an early
-                    place.release()                # refusal is, without its place (see hold_refusal)
-                    await svc.hold_refusal(place.deadline)
+            except Overloaded:  # refused once its body said what it costs: held as an early refusal is, without
+                place.release()  # its place (see hold_refusal)
+                await svc.hold_refusal(place.deadline)
                 raise
             finally:
                 if own:
