@@ -10,7 +10,7 @@ from __future__ import annotations
 from . import models
 from .answers.generation import answer_batch
 from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig
-from .corpus import Hit, check_question, read_passages
+from .corpus import Hit, read_passages
 from .env import resolve_device
 from .index import TriGraphIndex
 from .models.holder import QuestionModels
@@ -18,7 +18,6 @@ from .queries import EncodedQueries, Retrieved
 from .retrieval import engine, scipy_backend
 from .retrieval.explain import explanations
 from .retrieval.pipeline import QuestionPipeline
-from .runtime.tracing import stage
 
 BACKENDS = ("torch", "scipy")
 QUESTION_ENCODERS = (None, "bfloat16", "int8", "int8-all")  # LinearRAG(quantize=...)
@@ -345,17 +344,9 @@ class LinearRAG(QuestionModels):
         >>> encoded.batch_size, encoded.entity_text
         (1, ['blue river'])
         """
-        for q in questions:
-            check_question(q)
         cfg = config or self.config
-        pipe = self.pipeline
-        ents = pipe.entities(questions, cfg.lexicon_seeds, timings, cfg.question_ner)
         reuse = self.reuse_index_vectors if reuse_index_vectors is None else reuse_index_vectors
-        enc = pipe.encode(questions, ents, reuse, timings)
-        if cfg.rerank:  # the reranker's question tokens (host work of the question path, like NER)
-            with stage(timings, "encoder"):
-                enc.rerank_tokens = self.reranker(cfg).question_tokens(list(questions))
-        return enc
+        return self.pipeline.encode_questions(questions, cfg, reuse, timings, self.reranker(cfg) if cfg.rerank else None)
 
     def reranker(self, config: RetrievalConfig | None = None):
         """The learned reranker that ``config`` names, loaded once on this index's device.

@@ -12,10 +12,9 @@ float summation order, ~1e-7). docs/METHOD.md, "Sharded retrieval", derives each
     eq. 7             all-reduce max of the per-question min and max of cos(q, p) (min-max normalisation);
                       ln(1 + N_ep) sums are local (a passage's row of N is on its rank)
     PageRank          reset normalisation: all-reduce of the passage reset sums (and the reset's dangling
-                      mass). Per block Gauss-Seidel step ONE all-reduce of [shared entities + 2, B]: the
-                      partial W_ep p' of the entities whose passages lie on several ranks, the new passages'
-                      dangling mass, and the L1 change of the step before (the stop rule is tested one
-                      collective late, on the iterate kept anyway)
+                      mass). Per block Gauss-Seidel step (walk.ShardWalk) an all-reduce of [shared entities + 1,
+                      B]: the partial W_ep p' of the entities whose passages lie on several ranks and the new
+                      passages' dangling mass; then one of the step's L1 change [B]
     top-k             all-gather of each rank's local top k, merged best first, ties to the lower passage
     chain round       the owner of a source passage computes its chain seeds; all-gather and max
                       per entity; the seed vectors come from the entities' owners (all-reduce)
@@ -29,7 +28,8 @@ float summation order, ~1e-7). docs/METHOD.md, "Sharded retrieval", derives each
                       passages with their entity ids
 
 The math is written once: the stage list (retrieval/stages.py) runs on a ShardedEngine as on the torch engine,
-and the activation (activation.propagate_reference_pairs, propagate_paper / kernels.propagate_step) and the
+the graph round (retrieval/round.py) runs with the ShardedEngine as its round.Part as it runs on the whole index
+(engine.DeviceGraph, through the communicator's one-process form), and the activation (activation.propagate_reference_pairs, propagate_paper / kernels.propagate_step) and the
 reranker (rerank.Reranker.rerank) take where the rows live as an argument: the whole index in one process
 (every exchange the identity: activation.WholeIndex, rerank.PassageTokens), a shard's here (_ShardRows,
 _ShardPassageTokens over Comm). adjacent_passages alone is refused (its edges link passages across ranks).
@@ -38,9 +38,10 @@ Use: ``Shard.build(index, rank, world)`` then ``ShardedEngine(shard, Comm()).ret
 inside an initialised process group (``Comm(False)`` for one process without torch.distributed).
 ``run_local`` starts N local processes; ``python -m linearrag_torch.distributed`` is the torchrun entry point.
 
-    comm.py      Comm: the collectives (the identity in one process), bytes and seconds counted per phase
+    comm.py      Comm (runtime/comm.py): the collectives (the identity in one process), bytes and seconds per phase
     shard.py     Shard: what one rank holds, built from the whole index (passage_bounds)
-    engine.py    ShardedEngine: the query path on one shard; the question side (QuestionIndex, encode_questions)
+    walk.py      ShardWalk: the step of eq. 6's walk on a shard (pagerank.personalized_pagerank runs the loop)
+    engine.py    ShardedEngine: a shard as the graph round's part; the question side (QuestionIndex, encode_questions)
     launch.py    process groups (init_group, run_local), the per-rank jobs, `linearrag query --shards N`
     __main__.py  the torchrun entry point
 """

@@ -3,32 +3,34 @@ and the question side of a sharded index (QuestionIndex, encode_questions: rank 
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import torch
 
 from .. import kernels, models
 from ..config import RetrievalConfig
-from ..corpus import Hit, check_question
+from ..corpus import Hit
 from ..index.graph import passage_text
 from ..queries import EncodedQueries, Retrieved
 from ..rerank import load_reranker
 from ..rerank.scoring import PassageTokens
-from ..retrieval import chain, engine, pairs, rerank_stage, stages  # engine: the single-process engine, whose math this one splits up
-from ..retrieval.activation import (ActivePairs, WholeIndex, dense_seeds, nearest_entities, propagate_paper,
-                                   propagate_reference_pairs)
-from ..retrieval.engine import Trace, cosines
+from ..retrieval import chain, engine, pairs, rerank_stage, stages
+from ..retrieval.activation import ColumnEntries, WholeIndex, nearest_entities
+from ..retrieval.engine import cosines
 from ..retrieval.explain import explanations, named_rows
-from ..retrieval.pagerank import FLOOR_RULE_BELOW
 from ..retrieval.pipeline import QuestionPipeline
+from ..retrieval.round import graph_round
 from .comm import Comm
 from .shard import Shard
+from .walk import ShardWalk
 
 
-class ShardedEngine:
+class ShardedEngine(stages.PartChain):
     """The query path of engine.retrieve on one shard; every rank calls ``retrieve`` with the same
     queries and config and gets the same Retrieved (global passage rows). ``entity_names``: the whole index's
-    entity names, for a trace's chain seeds (a shard holds none; without them a trace names entity e "entity e")."""
+    entity names, for a trace's chain seeds (a shard holds none; without them a trace names entity e "entity e").
+
+    The graph round is retrieval/round.py's, run with this engine as its round.Part: the shard's passages,
+    sentences and entity rows, its part of the walk (walk.ShardWalk) and the process group's collectives."""
 
     def __init__(self, shard: Shard, comm: Comm, entity_names=None):
         if comm.world != shard.world or comm.rank != shard.rank:
@@ -39,6 +41,7 @@ class ShardedEngine:
         self._tables = None  # chain.ChainTables of this rank's rows (_chain_tables)
         self._rows = _ShardRows(shard, comm)  # where the activation's rows live (activation.WholeIndex)
         self._rerankers = {}  # (folder, precision) -> (rerank.Reranker on this device, _ShardPassageTokens)
+        self._walk = None  # walk.ShardWalk, made on first use
         self.iteration_log: list | None = None  # set to [] to record (bytes, compute s, comm s) per PPR iteration
 
     # --------------------------------------------------------------------------------------------- entry
@@ -60,13 +63,98 @@ class ShardedEngine:
 
     # ------------------------------------------------------------------- the stage list's operations (stages.Backend)
     def round(self, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool):
-        return self._one_round(queries, cfg, trace)
+        """One graph round (round.graph_round) on this shard: (Retrieved, its Trace with ``trace``, else None)."""
+        res = graph_round(self, queries, cfg, trace)
+        return res if trace else (res, None)
 
-    def chain_seeds(self, queries, ranking: Retrieved, source: torch.Tensor, cfg) -> chain.ChainSeeds:
-        return self._chain_seeds(queries, ranking, source, cfg)
+    # ------------------------------------------------------------------------ the round's part (round.Part)
+    @property
+    def device(self) -> torch.device:
+        return self.shard.device
 
-    def later_queries(self, queries, seeds: chain.ChainSeeds, cfg) -> EncodedQueries:
-        return dataclasses.replace(self._second_round_queries(queries, seeds), prior=self._prior(queries, seeds, cfg))
+    @property
+    def lo(self) -> int:
+        return self.shard.lo
+
+    @property
+    def rows(self):
+        return self._rows
+
+    @property
+    def sentence_emb(self) -> torch.Tensor:
+        return self.shard.sentence_emb
+
+    @property
+    def M_crow(self):
+        return self.shard.M.crow
+
+    @property
+    def M_col(self):
+        return self.shard.M.col
+
+    @property
+    def MT_crow(self):
+        return self.shard.matrix("MT").crow_indices().to(torch.int64)  # MT: the sentences this rank owns
+
+    @property
+    def MT_col(self):
+        return self.shard.matrix("MT").col_indices().to(torch.int64)
+
+    @property
+    def M(self):
+        return self.shard.matrix("M")
+
+    @property
+    def MT(self):
+        return self.shard.matrix("MT")
+
+    @property
+    def N_logT(self):
+        return self.shard.N_logT
+
+    def passage_cosines(self, query_emb: torch.Tensor) -> torch.Tensor:
+        return cosines(self.shard.passage_emb, query_emb)  # [P_r, B]
+
+    def nearest(self, queries: EncodedQueries):
+        """Eq. 3's scan over the entities this rank owns (global ids); a question entity with a stored vector
+        (entity_rows) gets that entity, with its self-cosine from the owner (-inf elsewhere)."""
+        sh = self.shard
+        dev = sh.device
+        q = queries.entity_emb.to(dev, sh.entity_emb.dtype)
+        Q = q.shape[0]
+        best = torch.full((Q,), float("-inf"), dtype=sh.entity_emb.dtype, device=dev)
+        arg = torch.zeros(Q, dtype=torch.int64, device=dev)
+        known = queries.entity_rows.to(dev) if queries.entity_rows is not None else torch.full((Q,), -1, device=dev)
+        scan = torch.nonzero(known < 0).flatten()
+        if scan.numel() and sh.owned_entities.numel():
+            b, a = nearest_entities(sh.entity_emb, q.index_select(0, scan))
+            best[scan], arg[scan] = b, sh.owned_entities[a]
+        hit = torch.nonzero(known >= 0).flatten()
+        if hit.numel():  # a stored vector: its own entity, with its self-cosine (nearest_entities' known path)
+            loc = sh.owned_row(known[hit])
+            mine = loc >= 0
+            best[hit[mine]] = (q[hit[mine]] * sh.entity_emb[loc[mine]]).sum(1)
+            arg[hit] = known[hit]
+        return best, arg
+
+    def local_entries(self, entries: ColumnEntries) -> ColumnEntries:
+        """The entries of the entities this shard holds, with its local entity rows (N_logT's)."""
+        loc = self.shard.local_entity(entries.row)
+        h = loc >= 0
+        return ColumnEntries(loc[h], entries.col[h], entries.val[h], (self.shard.entities.numel(), entries.shape[1]))
+
+    def walk(self, cfg: RetrievalConfig) -> ShardWalk:
+        if self._walk is None:
+            self._walk = ShardWalk(self.shard, self.comm)
+        self._walk.log = self.iteration_log
+        return self._walk
+
+    def push_graph(self, adjacent_passages: bool):
+        raise ValueError("the local PageRank runs in one process only")  # retrieve refuses ppr_mode="local" first
+
+    def questions_per_chunk(self, memory_budget, cfg) -> int:
+        """The whole batch (chunks would have to agree across the ranks)."""
+        return 1 << 62
 
     def pair_rerank(self, queries, ranking: Retrieved, cfg) -> Retrieved:
         return self._pairs(queries, ranking, cfg)
@@ -139,256 +227,39 @@ class ShardedEngine:
         emb[hit.to(emb.device)] = vec.to(emb.device, emb.dtype)
         return dataclasses.replace(queries, entity_emb=emb)
 
-    # ---------------------------------------------------------------------------------------------- seeds
-    def seed_pairs(self, queries: EncodedQueries):
-        """activation.seed_pairs over the whole index: (keys e * B + b sorted unique, values)."""
-        sh, B = self.shard, queries.batch_size
-        dev = sh.device
-        Q = queries.entity_emb.shape[0]
-        if Q == 0 or sh.num_entities == 0:
-            return torch.zeros(0, dtype=torch.int64, device=dev), torch.zeros(0, dtype=sh.entity_emb.dtype, device=dev)
-        best = torch.full((Q,), float("-inf"), dtype=sh.entity_emb.dtype, device=dev)
-        arg = torch.zeros(Q, dtype=torch.int64, device=dev)
-        known = queries.entity_rows.to(dev) if queries.entity_rows is not None else torch.full((Q,), -1, device=dev)
-        scan = torch.nonzero(known < 0).flatten()
-        if scan.numel() and sh.owned_entities.numel():
-            b, a = nearest_entities(sh.entity_emb, queries.entity_emb.index_select(0, scan))
-            best[scan], arg[scan] = b, sh.owned_entities[a]
-        hit = torch.nonzero(known >= 0).flatten()
-        if hit.numel():  # a stored vector: its own entity, with its self-cosine (nearest_entities' known path)
-            loc = sh.owned_row(known[hit])
-            mine = loc >= 0
-            v = sh.entity_emb[loc[mine]]
-            best[hit[mine]] = (queries.entity_emb[hit[mine]].to(v.dtype) * v).sum(1)
-            arg[hit] = known[hit]
-        self.comm.phase = "seeds"
-        both = self.comm.all_gather(torch.stack([best.double(), arg.double()]))  # [world, 2, Q]
-        vals, args = both[:, 0], both[:, 1]
-        top = vals.max(0).values
-        # the largest cosine; among ranks reaching it, the lowest entity index
-        args = torch.where(vals == top, args, torch.full_like(args, float("inf")))
-        best, arg = top.to(sh.entity_emb.dtype), args.min(0).values.to(torch.int64)
-        keys, inv = torch.unique(arg * B + queries.entity_owner.to(dev), sorted=True, return_inverse=True)
-        vals = torch.full((keys.numel(),), float("-inf"), dtype=best.dtype, device=dev)
-        return keys, vals.scatter_reduce_(0, inv, best, "amax")
-
-    # ---------------------------------------------------------------------------------------- activation
-    def activate(self, queries: EncodedQueries, cfg: RetrievalConfig):
-        """engine.activate_pairs on the shards: (seed keys, seed values, ActivePairs), the same on every rank."""
-        keys, vals = self.seed_pairs(queries)
-        vals = vals.float()
-        sh, B = self.shard, queries.batch_size
-        if not cfg.use_activation:
-            return keys, vals, ActivePairs.from_keys(keys, vals, torch.ones_like(keys), vals, (sh.num_entities, B))
-        self.comm.phase = "activation"
-        MT, sigma = sh.matrix("MT"), (sh.sentence_emb, queries.query_emb)  # MT: the sentences this rank owns
-        if cfg.mode == "paper":  # the dense [E, B] state on every rank, y summed over the ranks' sentences
-            seeds, is_seed = dense_seeds(keys, vals, sh.num_entities, B)
-            return keys, vals, ActivePairs.from_activation(
-                propagate_paper(sh.matrix("M"), MT, sigma, seeds, is_seed, cfg, self._rows))
-        return keys, vals, propagate_reference_pairs(
-            sh.M.crow, sh.M.col, MT.crow_indices().to(torch.int64), MT.col_indices().to(torch.int64), sigma, keys,
-            vals, B, cfg, self._rows)
-
-    # ---------------------------------------------------------------------------------------- one round
-    def _one_round(self, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool = False):
-        """One graph round (engine._retrieve_chunk): (Retrieved, its Trace with ``trace``, else None)."""
-        sh = self.shard
-        B, dev = queries.batch_size, sh.device
-        sim = cosines(sh.passage_emb, queries.query_emb)  # [P_r, B]
-        seed_keys, seed_vals, act = self.activate(queries, cfg)
-        use_graph = torch.zeros(B, dtype=torch.bool, device=dev)
-        use_graph[act.col] = True
-        g = torch.nonzero(use_graph).flatten()
-        scores = sim
-        if g.numel():
-            n = g.numel()
-            col = torch.full((B,), -1, dtype=torch.int64, device=dev)
-            col[g] = torch.arange(n, device=dev)
-            prior = sim if queries.prior is None else queries.prior.apply(sim)  # this rank's passages (_chain)
-            bg, sim_g = col[act.col], prior.index_select(1, g)
-            reset_p = self._passage_reset(sim_g, act, bg, cfg)
-            if cfg.use_ppr:
-                ppr_p, valid = self._pagerank(reset_p, act.row, bg, act.reset, cfg)
-            else:
-                ppr_p, valid = reset_p, torch.ones(n, dtype=torch.bool, device=dev)
-            use_graph[g] = valid
-            scores = sim.clone()
-            scores[:, g[valid]] = ppr_p[:, valid]
-        out = self._topk(scores, min(cfg.top_k, sh.num_passages))
-        if not trace:
-            return out, None
-        return out, Trace(*dense_seeds(seed_keys, seed_vals, sh.num_entities, B), act.dense(), ~use_graph)
-
-    def _passage_reset(self, sim, act: ActivePairs, bg, cfg) -> torch.Tensor:
-        """Eq. 7 (pagerank.passage_reset_entries) with the min-max normalisation over every rank's passages."""
-        sh = self.shard
-        self.comm.phase = "eq7"
-        ext = self.comm.all_reduce(torch.cat([-sim.min(dim=0).values, sim.max(dim=0).values]), "max")
-        n = sim.shape[1]
-        lo, hi = -ext[:n], ext[n:]
-        span = (hi - lo)[None]
-        lo = lo[None]
-        mm = torch.where(span > 0, (sim - lo) / torch.where(span > 0, span, torch.ones_like(span)), torch.zeros_like(sim))
-        z = torch.zeros_like(sim)
-        loc = sh.local_entity(act.row)
-        h = loc >= 0
-        kernels.spmm_sparse_rhs(sh.N_logT.crow, sh.N_logT.col, sh.N_logT.val, loc[h], bg[h],
-                                (act.val / act.tier.to(sim.dtype))[h], z)
-        return (cfg.lam * mm + torch.log1p_(z)) * cfg.passage_node_weight
-
-    def _pagerank(self, reset_p, e_glob, cols, e_vals, cfg):
-        """pagerank.personalized_pagerank (passage scores only) on the sharded walk: see the module doc."""
-        sh, comm = self.shard, self.comm
-        dev = reset_p.device
-        d = float(cfg.damping)
-        rp = torch.nan_to_num(reset_p, nan=0.0).clamp_(min=0)
-        B = rp.shape[1]
-        ev = torch.nan_to_num(e_vals.to(rp.dtype), nan=0.0).clamp_(min=0)
-        n_priv, n_sh = sh.walk_private.numel(), sh.walk_shared.numel()
-        # the walk rows of the reset entries: private ones held here, every shared one
-        loc = sh.local_entity(e_glob)
-        wrow = torch.full_like(e_glob, -1)
-        if n_priv:
-            pos = torch.searchsorted(sh.walk_private, loc.clamp(min=0)).clamp_(max=n_priv - 1)
-            wrow = torch.where((loc >= 0) & (sh.walk_private[pos] == loc), pos, wrow)
-        if n_sh:
-            pos = torch.searchsorted(sh.walk_shared, e_glob).clamp_(max=n_sh - 1)
-            wrow = torch.where(sh.walk_shared[pos] == e_glob, n_priv + pos, wrow)
-        h = wrow >= 0
-
-        def entity_reset(values):
-            return torch.zeros(n_priv + n_sh, B, dtype=rp.dtype, device=dev).index_put_(
-                (wrow[h], cols[h]), values[h], accumulate=True)
-
-        dp, de = sh.dangling_passages, sh.dangling_walk
-        # the reset's total, and its mass on the dangling passages and entities (dangling walk rows are
-        # private: each is held by one rank), in one collective
-        comm.phase = "ppr_setup"
-        sums = comm.all_reduce(torch.stack([rp.sum(0), rp.index_select(0, dp).sum(0),
-                                            entity_reset(ev).index_select(0, de).sum(0)]))
-        total = sums[0].index_add_(0, cols, ev)
-        valid = total > 0
-        norm = torch.where(valid, total, torch.ones_like(total))
-        rp.div_(norm)
-        re = entity_reset(ev / norm[cols])
-        r_dp, r_de = sums[1] / norm, sums[2] / norm
-        W_pe, W_ep = sh.matrix("to_passages"), sh.matrix("to_entities")
-        result = torch.zeros_like(rp)
-        cols_w = torch.arange(B, device=dev)
-        xp, xe = rp.clone(), re.clone()
-        # g: the dangling mass of (xp, xe). A dangling entity row has no edge, so after a step it holds its
-        # reset times that step's entity coefficient: the entities' part of g is r_de times it (x_0 = r: 1)
-        g_e = r_de.clone()
-        g = r_dp + g_e
-        last = torch.full((B,), float("inf"), dtype=rp.dtype, device=dev)
-        ch_loc = torch.zeros(B, dtype=rp.dtype, device=dev)
-        log = self.iteration_log
-        comm.phase = "ppr"
-        for t in range(cfg.ppr_max_iter):
-            t0 = time.perf_counter()
-            # block Gauss-Seidel (kernels.ppr_step): the passages (all local), then the entities from them
-            reset_part = rp * ((1.0 - d) + d * g)
-            out_p = torch.addmm(reset_part, W_pe, xe, alpha=d) if W_pe.shape[1] else reset_part
-            y = torch.mm(W_ep, out_p) if W_ep.shape[0] else xe.new_zeros(n_priv + n_sh, xp.shape[1])
-            buf = torch.cat([y[n_priv:], out_p.index_select(0, dp).sum(0)[None], ch_loc[None]])
-            t1 = time.perf_counter()
-            comm.all_reduce(buf)
-            t2 = time.perf_counter()
-            sent = buf.numel() * buf.element_size() if comm.world > 1 else 0
-            y_sh, g_p, change = buf[:n_sh], buf[n_sh], buf[n_sh + 1]
-            if t > 0:  # the stop rule of personalized_pagerank, for the step before
-                stop = (change < cfg.ppr_tol) | ((change >= last) & (change < FLOOR_RULE_BELOW))
-                last = change
-                if bool(stop.any()):
-                    result[:, cols_w[stop]] = xp[:, stop]
-                    k = torch.nonzero(~stop).flatten()
-                    if k.numel() == 0:
-                        if log is not None:
-                            log.append((sent, t1 - t0, t2 - t1))
-                        break
-                    cols_w, last = cols_w[k], last[k]
-                    xp, xe, rp, re = xp[:, k], xe[:, k], rp[:, k], re[:, k]
-                    out_p, y, y_sh, g_p, g_e, r_de = out_p[:, k], y[:, k], y_sh[:, k], g_p[k], g_e[k], r_de[k]
-            t3 = time.perf_counter()
-            coef_e = (1.0 - d) + d * (g_p + g_e)  # g' over (p', xe)
-            out_e = re * coef_e
-            out_e[:n_priv] += d * y[:n_priv]
-            out_e[n_priv:] += d * y_sh
-            g_e = r_de * coef_e
-            g = g_p + g_e
-            ch_loc = (out_p - xp).abs().sum(0) + (out_e[:n_priv] - xe[:n_priv]).abs().sum(0)
-            if sh.rank == 0:  # the shared rows are the same on every rank: counted once
-                ch_loc = ch_loc + (out_e[n_priv:] - xe[n_priv:]).abs().sum(0)
-            xp, xe = out_p, out_e
-            if log is not None:
-                log.append((sent, (t1 - t0) + (time.perf_counter() - t3), t2 - t1))
-        else:
-            result[:, cols_w] = xp  # ppr_max_iter reached
-        return result, valid
-
-    def _topk(self, scores, k: int) -> Retrieved:
-        """kernels.topk_columns over every rank's passages: local top k, all-gathered, merged."""
-        sh = self.shard
-        B = scores.shape[1]
-        kl = min(k, scores.shape[0])
-        idx, vals = kernels.topk_columns(scores, kl)
-        pad_i = torch.full((B, k), float("inf"), dtype=torch.float64, device=scores.device)
-        pad_v = torch.full((B, k), float("-inf"), dtype=torch.float64, device=scores.device)
-        pad_i[:, :kl], pad_v[:, :kl] = (idx + sh.lo).double(), vals.double()
-        self.comm.phase = "topk"
-        v, i = self.comm.merge_topk(pad_v, pad_i)
-        return Retrieved(i.to(torch.int64), v.to(scores.dtype))
-
     # -------------------------------------------------------------------------------------- chain rounds
     @property
     def _chain_tables(self) -> chain.ChainTables:
         """chain.ChainTables of this rank's passages and sentences (local rows and entities), made on first use."""
         if self._tables is None:
-            self._tables = chain.ChainTables.build(_ChainView(self.shard), self.shard.device)
+            self._tables = chain.ChainTables.build(_ChainView(self.shard, self.entity_names), self.shard.device)
         return self._tables
 
-    def _prior(self, queries: EncodedQueries, seeds: chain.ChainSeeds, cfg: RetrievalConfig):
-        """chain.passage_prior for this rank's passages: a passage's sentences and the entities they mention
-        are all on its rank, so the seeds this rank holds give its passages' entries with nothing exchanged."""
-        local = self.shard.local_entity(seeds.entity)
-        held = local >= 0
-        return chain.passage_prior(self._chain_tables, queries,
-                                   chain.ChainSeeds(seeds.question[held], local[held], seeds.weight[held]), cfg)
+    @property
+    def tables(self) -> chain.ChainTables:
+        return self._chain_tables
 
-    def _chain_seeds(self, queries, first: Retrieved, source: torch.Tensor, cfg) -> chain.ChainSeeds:
-        """chain.chain_seeds of the sources (chain.chain_sources) this rank holds, gathered from every rank
-        (global entity ids)."""
-        sh = self.shard
-        idx = first.indices.to(sh.device)
-        mine = source & (idx >= sh.lo) & (idx < sh.hi)
-        local = Retrieved(torch.where(mine, idx - sh.lo, torch.full_like(idx, -1)), first.scores.to(sh.device))
-        seeds = chain.chain_seeds(self._chain_tables, queries, local, mine, cfg)
-        rows = torch.stack([seeds.question.double(), sh.entities[seeds.entity].double(), seeds.weight], 1)
-        self.comm.phase = "chain"
-        rows = self.comm.all_gather_rows(rows)  # [n, 3]: question, global entity, w (exact in float64)
-        return chain.ChainSeeds.from_entries(rows[:, 0].long(), rows[:, 1].long(), rows[:, 2], sh.num_entities)
+    @property
+    def part(self):
+        return self
 
-    def _second_round_queries(self, queries: EncodedQueries, seeds: chain.ChainSeeds) -> EncodedQueries:
-        """chain.second_round_queries: each seed entity's own vector (from its owner) scaled by w(e)."""
+    def entity_vectors(self, e: torch.Tensor) -> torch.Tensor:
+        """round.Part.entity_vectors: each entity's vector from its owner (an all-reduce, zeros elsewhere)."""
         sh = self.shard
-        dev = queries.entity_emb.device
-        if seeds.entity.numel() == 0:
-            return queries
-        e = seeds.entity.to(sh.device)
+        e = e.to(sh.device)
         vec = torch.zeros(e.numel(), sh.dim, dtype=torch.float32, device=sh.device)
         loc = sh.owned_row(e)
         have = loc >= 0
         vec[have] = sh.entity_emb[loc[have]].float()
         self.comm.phase = "chain"
-        self.comm.all_reduce(vec)
-        emb = (vec * seeds.weight.to(vec.device, torch.float32)[:, None]).to(dev)
-        rows = queries.entity_rows
-        if rows is not None:
-            rows = torch.cat([rows, torch.full((e.numel(),), -1, dtype=rows.dtype, device=rows.device)])
-        return EncodedQueries(queries.query_emb, torch.cat([queries.entity_emb, emb]),
-                              torch.cat([queries.entity_owner, seeds.question.to(queries.entity_owner.device)]),
-                              list(queries.entity_text) + [f"entity {i}" for i in e.tolist()], rows, None)
+        return self.comm.all_reduce(vec)
+
+    def local_seeds(self, seeds: chain.ChainSeeds) -> chain.ChainSeeds:
+        """round.Part.local_seeds: a passage's sentences and the entities they mention are all on its rank, so the
+        seeds this rank holds give its passages' prior entries with nothing exchanged."""
+        local = self.shard.local_entity(seeds.entity)
+        held = local >= 0
+        return chain.ChainSeeds(seeds.question[held], local[held], seeds.weight[held])
 
     # ------------------------------------------------------------------------------------------- results
     def passages(self, rows, entities: bool = False) -> dict:
@@ -524,11 +395,12 @@ class _Unnamed:
 
 
 class _ChainView:
-    """The shard seen as the index chain.ChainTables.build reads (local passage and sentence rows, local entities)."""
+    """The shard seen as the index chain.ChainTables.build reads (local passage and sentence rows, local entities;
+    ``entities``: the whole index's entity names by global id, for a later round's entity texts)."""
 
-    def __init__(self, sh: Shard):
+    def __init__(self, sh: Shard, names):
         self.PS, self.M, self.titles, self.sentences = sh.PS, sh.M, sh.titles, sh.sentence_texts
-        self.sentence_emb = sh.sentence_emb
+        self.sentence_emb, self.entities = sh.sentence_emb, names
 
 
 # ------------------------------------------------------------------------------------------ question side
@@ -562,13 +434,9 @@ def encode_questions(qindex: QuestionIndex, questions: list, cfg: RetrievalConfi
                      device="cpu", reranker=None) -> EncodedQueries:
     """LinearRAG.encode_queries for a sharded index (rank 0 runs it and broadcasts the result); with cfg.rerank
     the questions' reranker tokens too (``reranker``: the rerank.Reranker, default: the one cfg names)."""
-    for q in questions:
-        check_question(q)
     pipe = QuestionPipeline(qindex, nlp or models.load_nlp(qindex.index_config),
                             encoder or models.load_encoder(qindex.index_config, device))
-    enc = pipe.encode(questions, pipe.entities(questions, cfg.lexicon_seeds, None, cfg.question_ner), True)
-    out = EncodedQueries(enc.query_emb, enc.entity_emb, enc.entity_owner, enc.entity_text, enc.entity_rows, None)
     if cfg.rerank:
         reranker = reranker or load_reranker(cfg.reranker or None, device, cfg.reranker_precision)
-        out.rerank_tokens = reranker.question_tokens(list(questions))
-    return out
+    enc = pipe.encode_questions(questions, cfg, True, None, reranker)
+    return dataclasses.replace(enc, rows_of=None)  # the rows are the index's, read by the shards' owners

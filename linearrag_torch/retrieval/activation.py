@@ -138,6 +138,12 @@ def seed_pairs(entity_emb: torch.Tensor, query_entity_emb: torch.Tensor, owner: 
         return (torch.zeros(0, dtype=torch.int64, device=entity_emb.device),
                 torch.zeros(0, dtype=entity_emb.dtype, device=entity_emb.device))
     best, arg = nearest if nearest is not None else nearest_entities(entity_emb, query_entity_emb, known=known)  # [Q]
+    return seed_keys(best, arg, owner, batch)
+
+
+def seed_keys(best: torch.Tensor, arg: torch.Tensor, owner: torch.Tensor, batch: int):
+    """seed_pairs from each question entity's nearest graph entity ``arg`` [Q] and its cosine ``best`` [Q]
+    (``owner`` [Q]: the question of each): (keys e * batch + b sorted and unique, values the largest cosine)."""
     keys, inv = torch.unique(arg * batch + owner.to(arg.device), sorted=True, return_inverse=True)
     # a cosine can be <= 0: reduce from -inf
     vals = torch.full((keys.numel(),), float("-inf"), dtype=best.dtype, device=best.device)
@@ -227,6 +233,10 @@ class WholeIndex:
         cs = picks[picks >= 0]
         cb = b_idx[pair]
         return pair, cs, cb, kernels.gather_sigma(sigma, cs, cb)
+
+    def held(self, e: torch.Tensor, b: torch.Tensor, av: torch.Tensor):
+        """kernels.propagate_step's active entries of the entities held here (all of them), with their rows."""
+        return e, b, av
 
     def global_entities(self, e: torch.Tensor) -> torch.Tensor:
         return e

@@ -227,11 +227,14 @@ class _SeedTexts(Sequence):
         return self._tail[i - len(self._head)]
 
 
-def second_round_queries(tables: ChainTables, queries: EncodedQueries, seeds: ChainSeeds) -> EncodedQueries:
+def second_round_queries(tables: ChainTables, queries: EncodedQueries, seeds: ChainSeeds,
+                         vectors: torch.Tensor | None = None) -> EncodedQueries:
     """The questions with their own entities plus the chain seeds (scaled own embeddings, see module doc).
-    Needs tables.entity_emb."""
+    ``vectors``: the seed entities' own vectors [n, D] (default: from tables.entity_emb)."""
     w = seeds.weight.to(torch.float32)
-    emb = tables.entity_emb.index_select(0, seeds.entity).float() * w[:, None]
+    if vectors is None:
+        vectors = tables.entity_emb.index_select(0, seeds.entity)
+    emb = vectors.float() * w[:, None]
     emb = torch.cat([queries.entity_emb, emb.to(queries.entity_emb.device)])
     owner = torch.cat([queries.entity_owner, seeds.question.to(queries.entity_owner.device)])
     text = _SeedTexts(queries.entity_text, tables.index.entities, seeds.entity)
@@ -326,6 +329,31 @@ def merge(first: Retrieved, second: Retrieved, keep: int, k: int) -> Retrieved:
     idx = torch.full((B, k + 1), -1, dtype=torch.int64, device=dev).scatter_(1, place, cand)
     scores = torch.zeros((B, k + 1), dtype=val.dtype, device=dev).scatter_(1, place, val)
     return Retrieved(idx[:, :k], scores[:, :k].to(first.scores.device))
+
+
+def part_chain_seeds(part, tables: ChainTables, queries: EncodedQueries, ranking: Retrieved, source: torch.Tensor,
+                     cfg: RetrievalConfig) -> ChainSeeds:
+    """chain_seeds written once for one process and N: the seeds of the sources that ``part`` (round.Part, whose
+    passages are ``tables``' rows) holds, gathered from every part, with global entity ids (in one process the
+    gather is the identity and the ids are the index's)."""
+    idx = ranking.indices.to(part.device)
+    mine = source.to(part.device) & (idx >= part.lo) & (idx < part.lo + tables.num_passages)
+    local = Retrieved(torch.where(mine, idx - part.lo, torch.full_like(idx, -1)), ranking.scores.to(part.device))
+    seeds = chain_seeds(tables, queries, local, mine, cfg)
+    part.comm.phase = "chain"
+    rows = part.comm.all_gather_rows(torch.stack([seeds.question.double(),
+                                                  part.rows.global_entities(seeds.entity).double(), seeds.weight], 1))
+    return ChainSeeds.from_entries(rows[:, 0].long(), rows[:, 1].long(), rows[:, 2], part.num_entities)
+
+
+def part_later_queries(part, tables: ChainTables, queries: EncodedQueries, seeds: ChainSeeds,
+                       cfg: RetrievalConfig) -> EncodedQueries:
+    """later_queries written once for one process and N: the seeds' vectors from where the part keeps them
+    (round.Part.entity_vectors), eq. 7's prior from the seeds whose entities the part holds (its passages'
+    sentences mention only those)."""
+    q2 = second_round_queries(tables, queries, seeds, part.entity_vectors(seeds.entity))
+    q2.prior = passage_prior(tables, queries, part.local_seeds(seeds), cfg)
+    return q2
 
 
 def later_queries(tables: ChainTables, queries: EncodedQueries, seeds: ChainSeeds, cfg: RetrievalConfig) -> EncodedQueries:

@@ -1,37 +1,33 @@
 """The torch backend: one batched call from encoded questions to ranked passages.
 
-    seeds (eq. 3) -> sigma (eq. 4) -> activation (eq. 5, paper or reference mode)
-    -> passage reset (eq. 7) -> personalized PageRank (eq. 6) -> top-k
-
-Everything stays on the index's device; the batch state is (entities x B) / (passages x B), and
-nothing of size (sentences x B) is formed (sigma is computed where a step needs it). A large batch
-runs in chunks of questions sized from a memory budget (memory.py, ``DeviceGraph.questions_per_chunk``); the answer for a
-question does not depend on the chunk it runs in.
+``DeviceGraph`` holds the tensors the query path multiplies by, on one device; it is the whole index as a
+round.Part, so the graph round (round.py: eqs. 3-7) runs on it as on a shard of the sharded engine, through the
+communicator's one-process form (every collective the identity). ``retrieve`` runs a batch through the stage
+list (stages.py: graph rounds, the chain, the rerankers, top-k).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import torch
 
-from .. import kernels
 from ..env import native_half
 from . import pairs, rerank_stage, stages
-from .activation import (Activation, ActivePairs, ColumnEntries, NearestMemo, dense_seeds, propagate_paper, propagate_reference_pairs,
-                         seed_pairs)
+from .activation import WHOLE_INDEX, ColumnEntries, NearestMemo
 from ..config import RetrievalConfig
 from ..index import TriGraphIndex
 from .memory import default_chunk_budget
-from .local_ppr import PushGraph, local_pagerank
-from .pagerank import PPRGraph, StepLog, passage_reset_entries, personalized_pagerank, sparse_reset_entries
+from .local_ppr import PushGraph
+from .pagerank import PPRGraph, StepLog
 from ..queries import EncodedQueries, Retrieved
 from ..rerank import load_reranker
 from ..runtime import tracing
+from ..runtime.comm import ONE_PROCESS
+from .round import Trace, activate, graph_round
 from .chain import ChainTables, enabled as chain_enabled
-from .stages import LocalChain
+from .stages import PartChain
 
 # bytes of working memory one question needs (see DeviceGraph.bytes_per_question): per passage, the
 # [P, B] float32 state (cosines, eq. 7 terms, the PageRank reset, iterate and buffer, scores, top-k);
@@ -77,7 +73,12 @@ class DeviceGraph:
     N_log [P, E] = ln(1 + N), and the PPR operator (built lazily per adjacent_passages setting).
     The embeddings stay in a half-precision index's dtype where the device computes in it natively and
     ``upcast`` is not True (query_embeddings); scores and everything after them are float32.
+    As a round.Part it is the whole index: passages from row 0, every entity held, the identity communicator.
     """
+
+    comm = ONE_PROCESS
+    lo = 0
+    rows = WHOLE_INDEX
 
     def __init__(self, index: TriGraphIndex, device="cpu", memory_budget: int | None = None,
                  upcast: bool | None = None):
@@ -96,7 +97,7 @@ class DeviceGraph:
         self.entity_emb = query_embeddings(index.entity_emb, self.device, upcast)
         self._ppr = {}
         self._push = {}  # adjacent_passages -> local_ppr.PushGraph (ppr_mode="local")
-        self.nearest = NearestMemo()  # eq. 3's scan (keeping_last: a chain's later round repeats it)
+        self.nearest_memo = NearestMemo()  # eq. 3's scan (keeping_last: a chain's later round repeats it)
         self._pair_C = None  # (C crow, C col, passages per entity, {max passages: linking entities}): pairs.rerank
         self._chain = None  # chain.ChainTables on this device, made on first use
         self._last_cosines = None  # (questions, their passage cosines): see passage_cosines
@@ -125,7 +126,7 @@ class DeviceGraph:
         finally:
             self._keep = False
             self._last_cosines = None
-            self.nearest.clear()
+            self.nearest_memo.clear()
 
     def passage_cosines(self, query_emb: torch.Tensor) -> torch.Tensor:
         """cosines(passage_emb, query_emb) [P, B]; within keeping_last the last answer is kept and given again for
@@ -139,6 +140,32 @@ class DeviceGraph:
         sim = cosines(self.passage_emb, query_emb)
         self._last_cosines = (query_emb, sim) if self._keep else None
         return sim
+
+    @property
+    def num_entities(self) -> int:
+        return self.entity_emb.shape[0]
+
+    def nearest(self, queries: EncodedQueries):
+        """round.Part.nearest: eq. 3's scan over every entity (nearest_memo), in a half index's dtype; a question
+        entity with a stored vector of this index (EncodedQueries.entity_rows) takes it without the scan."""
+        known = queries.entity_rows if queries.rows_of is self.index else None  # stored vectors' rows (pipeline.py)
+        return self.nearest_memo(self.entity_emb, queries.entity_emb.to(self.entity_emb.dtype), known)
+
+    def local_entries(self, entries: ColumnEntries) -> ColumnEntries:
+        """round.Part.local_entries: every entity is held here, its row its id."""
+        return entries
+
+    def entity_vectors(self, e: torch.Tensor) -> torch.Tensor:
+        """round.Part.entity_vectors: the entities' vectors as the query path multiplies them."""
+        return self.entity_emb.index_select(0, e)
+
+    def local_seeds(self, seeds):
+        """round.Part.local_seeds: every entity is held here."""
+        return seeds
+
+    def walk(self, cfg: RetrievalConfig) -> PPRGraph:
+        """round.Part.walk: the PageRank operator for cfg.adjacent_passages (ppr_graph)."""
+        return self.ppr_graph(cfg.adjacent_passages)
 
     def _csr(self, name: str, make) -> torch.Tensor:
         if name not in self._torch_csr:
@@ -232,51 +259,9 @@ class DeviceGraph:
         return n
 
 
-@dataclass
-class Trace:
-    """Intermediate state of a batch, for diagnostics, the demo and benchmarks (tensors on the device).
-
-    ``retrieve(..., trace=True)`` fills every field; ``trace="steps"`` only ``ppr_steps`` (cheap enough to time
-    a call with)."""
-
-    seeds: torch.Tensor | None = None  # [E, B]
-    is_seed: torch.Tensor | None = None  # [E, B] bool
-    activation: Activation | None = None
-    dense: torch.Tensor | None = None  # [B] bool: answered by dense retrieval
-    chain_seeds: list | None = None  # per question [(entity, seed score)] of the later rounds (chain.py)
-    pair_ranks: list | None = None  # per question the ranks (1-based) before the pair rerank of its first two hits
-    rerank: object = None  # rerank.Reranked of the rerank stage (rerank_stage.py), None without it
-    rounds: list | None = None  # each graph round's own ranking (Retrieved; after its loop rerank), in order
-    # what the batch asked of Python (runtime/tracing.py; the trace's own diagnostics aside): the values it read
-    # back to the host (on CUDA each waits for the device) and its torch calls, which grow with the PageRank's
-    # steps, not with the batch (no step runs per question)
-    host_reads: int | None = None
-    torch_calls: int | None = None
-    # the PageRank steps of every graph round (pagerank.StepLog: each step's operator, working columns, L1
-    # change and time marks), in order
-    ppr_steps: StepLog | None = field(default=None, compare=False)
-
-
 def activate_pairs(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig):
-    """Eqs. 3-5 for a batch, as index lists: (seed keys, seed values, ActivePairs); keys = e * B + b.
-    Sigma (eq. 4) is computed lazily from (sentence_emb, query_emb) for the (sentence, question) pairs
-    the activation visits. Only paper mode forms dense [E, B] state."""
-    B, E = queries.batch_size, graph.entity_emb.shape[0]
-    known = queries.entity_rows if queries.rows_of is graph.index else None  # stored vectors' rows (pipeline.py)
-    # half embeddings: the nearest-entity scan in their dtype, the seed values float32 from there on
-    q_ent = queries.entity_emb.to(graph.entity_emb.dtype)
-    nearest = graph.nearest(graph.entity_emb, q_ent, known) if q_ent.shape[0] and graph.entity_emb.shape[0] else None
-    keys, vals = seed_pairs(graph.entity_emb, q_ent, queries.entity_owner, B, known, nearest)
-    vals = vals.float()
-    sigma = (graph.sentence_emb, queries.query_emb)  # float32 sigma either way (kernels.gather_sigma)
-    if not cfg.use_activation:
-        act = ActivePairs.from_keys(keys, vals, torch.ones_like(keys), vals, (E, B))
-    elif cfg.mode == "paper":
-        seeds, is_seed = dense_seeds(keys, vals, E, B)
-        act = ActivePairs.from_activation(propagate_paper(graph.M, graph.MT, sigma, seeds, is_seed, cfg))
-    else:
-        act = propagate_reference_pairs(graph.M_crow, graph.M_col, graph.MT_crow, graph.MT_col, sigma, keys, vals, B, cfg)
-    return keys, vals, act
+    """Eqs. 3-5 for a batch on the whole index (round.activate): (seed keys, seed values, ActivePairs)."""
+    return activate(graph, queries.to(graph.device), cfg)
 
 
 def in_inference_mode(fn):
@@ -310,13 +295,17 @@ def _ordinary(value):
     return value
 
 
-class TorchBackend(LocalChain):
+class TorchBackend(PartChain):
     """The torch engine's operations for the stage list (stages.Backend) on one DeviceGraph."""
 
     def __init__(self, graph: DeviceGraph, memory_budget: int | None = None, steps: StepLog | None = None):
         self.graph = graph
         self.memory_budget = memory_budget
         self.steps = steps  # the PageRank steps of every round are recorded here when given
+
+    @property
+    def part(self):
+        return self.graph
 
     @property
     def tables(self):
@@ -381,120 +370,3 @@ def _run(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trac
     one_chunk = chain_enabled(cfg) and queries.batch_size <= graph.questions_per_chunk(memory_budget, cfg)
     with graph.keeping_last(one_chunk):
         return stages.run(TorchBackend(graph, memory_budget, steps), queries, cfg, trace, timings)
-
-
-def graph_round(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool = False,
-                memory_budget: int | None = None, steps: StepLog | None = None):
-    """One graph round (eqs. 3-7) of cfg.top_k passages per question, in chunks of questions: Retrieved (and its
-    Trace with ``trace``). ``steps``: the PageRank's steps are recorded there (pagerank.StepLog)."""
-    queries = queries.to(graph.device)
-    B = queries.batch_size
-    if cfg.use_ppr and cfg.ppr_mode == "local":
-        graph.push_graph(cfg.adjacent_passages)
-    elif cfg.use_ppr:
-        graph.ppr_graph(cfg.adjacent_passages)  # built once; its size enters the chunk size
-    chunk = graph.questions_per_chunk(memory_budget, cfg)
-    if B <= chunk:
-        return _retrieve_chunk(graph, queries, cfg, trace, steps)
-    parts = [_retrieve_chunk(graph, queries.slice(b, min(b + chunk, B)), cfg, trace, steps)
-             for b in range(0, B, chunk)]
-    outs = [p[0] for p in parts] if trace else parts
-    out = Retrieved(torch.cat([o.indices for o in outs]), torch.cat([o.scores for o in outs]))
-    if not trace:
-        return out
-    trs = [p[1] for p in parts]
-    act = Activation(
-        act=torch.cat([t.activation.act for t in trs], 1), tier=torch.cat([t.activation.tier for t in trs], 1),
-        reset=torch.cat([t.activation.reset for t in trs], 1), steps=max(t.activation.steps for t in trs),
-    )
-    return out, Trace(torch.cat([t.seeds for t in trs], 1), torch.cat([t.is_seed for t in trs], 1), act,
-                      torch.cat([t.dense for t in trs]))
-
-
-def _retrieve_chunk(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool,
-                    steps: StepLog | None = None):
-    B = queries.batch_size
-    P, E = graph.passage_emb.shape[0], graph.entity_emb.shape[0]
-    k = min(cfg.top_k, P)
-    part = steps.stage if steps is not None else _no_stage  # seconds per part (StepLog.stage_s)
-    with part("cosines"):
-        sim = graph.passage_cosines(queries.query_emb)  # [P, B] float32 (shared: not written to)
-    with part("seeds and activation"):
-        seed_keys, seed_vals, act = activate_pairs(graph, queries, cfg)
-    # the active (entity, question) pairs: eq. 7's sum and the PageRank reset are nonzero only there
-    e, b = act.row, act.col
-    use_graph = torch.zeros(B, dtype=torch.bool, device=graph.device)
-    use_graph[b] = True  # a question without a seed (so nothing active) is answered by dense retrieval
-    g = torch.nonzero(use_graph).flatten()
-    scores = sim
-    local = cfg.use_ppr and cfg.ppr_mode == "local"
-    if g.numel():  # eqs. 7 and 6 for the questions with seeds only
-        n = g.numel()
-        # a chain's later round raises eq. 7's dense prior (chain.passage_prior); the dense fallback keeps sim
-        prior = sim if queries.prior is None else queries.prior.apply(sim)
-        if n < B:  # number those questions 0 .. n - 1
-            col = torch.full((B,), -1, dtype=torch.int64, device=graph.device)
-            col[g] = torch.arange(n, device=graph.device)
-            bg, sim_g = col[b], prior.index_select(1, g)
-        else:
-            bg, sim_g = b, prior
-        per_entity = ColumnEntries(e, bg, act.val / act.tier.to(sim.dtype), (E, n))
-        if local:
-            return _local_rest(graph, queries, cfg, trace, steps, sim, sim_g, per_entity,
-                               ColumnEntries(e, bg, act.reset, (E, n)), use_graph, g, k, seed_keys, seed_vals, act)
-        with part("reset"):
-            reset_p = passage_reset_entries(sim_g, graph.N_logT, per_entity, cfg)
-        if cfg.use_ppr:
-            # the entity reset is nonzero only at active pairs (seeds and triggered entities)
-            with part("pagerank"):
-                ppr_p, _, valid = personalized_pagerank(graph.ppr_graph(cfg.adjacent_passages), reset_p,
-                                                        ColumnEntries(e, bg, act.reset, (E, n)), cfg,
-                                                        entity_scores=False, steps=steps)
-        else:
-            ppr_p, valid = reset_p, torch.ones(n, dtype=torch.bool, device=graph.device)
-        use_graph[g] = valid  # a reset summing to 0 falls back to dense retrieval too
-        if n == B:
-            scores = torch.where(use_graph, ppr_p, sim)
-        else:
-            scores = sim.clone()
-            scores[:, g[valid]] = ppr_p[:, valid]
-    with part("top-k"):
-        idx, vals = kernels.topk_columns(scores, k)  # best first, ties to the lowest row
-    out = Retrieved(idx, vals)
-    if trace:
-        return out, Trace(*dense_seeds(seed_keys, seed_vals, E, B), act.dense(), ~use_graph)
-    return out
-
-
-@contextmanager
-def _no_stage(name: str):
-    yield
-
-
-def _local_rest(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool, steps, sim, sim_g,
-                per_entity: ColumnEntries, reset_e: ColumnEntries, use_graph, g, k: int, seed_keys, seed_vals, act):
-    """_retrieve_chunk after activation with ppr_mode="local": eq. 7 as index lists on each question's top
-    reset_passages passages and its active entities' passages (pagerank.sparse_reset_entries), eq. 6 by the
-    batched forward push (local_ppr.local_pagerank), whose top k over the touched passages is the answer; the
-    questions without a valid reset take the top k of their cosines."""
-    part = steps.stage if steps is not None else _no_stage
-    B, n = queries.batch_size, g.numel()
-    P, E = graph.passage_emb.shape[0], graph.entity_emb.shape[0]
-    with part("reset"):
-        reset_p = sparse_reset_entries(sim_g, graph.N_logT, per_entity, cfg, at_least=k)
-    with part("pagerank"):
-        li, lv, valid = local_pagerank(graph.push_graph(cfg.adjacent_passages), reset_p, reset_e, n, cfg, k,
-                                       steps.pushes if steps is not None else None)
-    with part("top-k"):
-        use_graph[g] = valid  # a reset summing to 0 falls back to dense retrieval too
-        idx = torch.empty((B, k), dtype=torch.int64, device=graph.device)
-        vals = torch.empty((B, k), dtype=torch.float32, device=graph.device)
-        idx[g], vals[g] = li, lv
-        dense = torch.nonzero(~use_graph).flatten()
-        if dense.numel():
-            di, dv = kernels.topk_columns(sim.index_select(1, dense), k)
-            idx[dense], vals[dense] = di, dv.to(vals.dtype)
-    out = Retrieved(idx, vals)
-    if trace:
-        return out, Trace(*dense_seeds(seed_keys, seed_vals, E, B), act.dense(), ~use_graph)
-    return out

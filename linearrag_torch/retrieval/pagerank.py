@@ -15,28 +15,35 @@ from ..index.csr import Csr
 from .activation import ColumnEntries
 
 
-def minmax(x: torch.Tensor) -> torch.Tensor:
-    """Min-max normalise each column of [P, B] to [0, 1] (a constant column becomes 0)."""
-    lo = x.min(dim=0, keepdim=True).values
-    span = x.max(dim=0, keepdim=True).values - lo
+def minmax(x: torch.Tensor, comm=None) -> torch.Tensor:
+    """Min-max normalise each column of [P, B] to [0, 1] (a constant column becomes 0). ``comm``
+    (runtime.comm.Comm): the extremes over every rank's rows (the part's passages of a sharded index)."""
+    lo, hi = x.min(dim=0, keepdim=True).values, x.max(dim=0, keepdim=True).values
+    if comm is not None and comm.world > 1:
+        ext = comm.all_reduce(torch.cat([-lo, hi]), "max")
+        lo, hi = -ext[:1], ext[1:]
+    span = hi - lo
     return torch.where(span > 0, (x - lo) / torch.where(span > 0, span, torch.ones_like(span)), torch.zeros_like(x))
 
 
-def passage_reset_entries(sim: torch.Tensor, N_logT: Csr, act_over_tier: ColumnEntries, cfg: RetrievalConfig):
+def passage_reset_entries(sim: torch.Tensor, N_logT: Csr, act_over_tier: ColumnEntries, cfg: RetrievalConfig,
+                          comm=None):
     """Eq. 7 from the active (entity, question) pairs with their act_e / L_e (kernels.spmm_sparse_rhs); with
-    cfg.reset_passages, the dense term only on each question's top passages (top_passages)."""
+    cfg.reset_passages, the dense term only on each question's top passages (top_passages). ``comm``: the
+    min-max over every rank's passages (a shard's ``sim`` holds its own; one process: None or the identity)."""
     z = torch.zeros_like(sim)
     a = act_over_tier
     kernels.spmm_sparse_rhs(N_logT.crow, N_logT.col, N_logT.val, a.row, a.col, a.val, z)
-    return _finish_reset(sim, z, cfg)
+    return _finish_reset(sim, z, cfg, comm)
 
 
-def _finish_reset(sim, z, cfg):
+def _finish_reset(sim, z, cfg, comm=None):
+    """Eq. 7 from the cosines (or a later round's prior) and z = sum_e act_e ln(1 + N_ep) / L_e."""
     if cfg.reset_passages:
         idx, val = top_passages(sim, cfg.reset_passages, cfg.reset_minmax)
         dense = torch.zeros_like(sim).scatter_(0, idx, val)
         return (cfg.lam * dense + torch.log1p_(z)) * cfg.passage_node_weight
-    return (cfg.lam * minmax(sim) + torch.log1p_(z)) * cfg.passage_node_weight
+    return (cfg.lam * minmax(sim, comm) + torch.log1p_(z)) * cfg.passage_node_weight
 
 
 def top_passages(sim: torch.Tensor, m: int, norm: str = "global"):
@@ -211,10 +218,48 @@ class PPRGraph:
         """The iterate's mass on the nodes of strength 0, per column [B] (kernels.dangling_mass)."""
         return kernels.dangling_mass(self.dangling_passage_idx, self.dangling_entity_idx, xp, xe)
 
-    def ppr_step(self, xp, xe, rp, re, damping: float, out_p, out_e, joint: tuple | None = None) -> torch.Tensor:
-        """kernels.ppr_step on this operator's tensors (see there); returns the L1 change per column."""
+    def column_totals(self, x: torch.Tensor) -> torch.Tensor:
+        """Each column's sum over the passages [B] (a sharded walk sums over every rank's)."""
+        return x.sum(0)
+
+    def for_call(self, e: torch.Tensor, col: torch.Tensor, ev: torch.Tensor, rp: torch.Tensor) -> "WalkCall":
+        """The operator of one personalized_pagerank call with the entity reset entries (entity ``e``, column
+        ``col``, normalised value ``ev``): with leaves, those carrying reset mass split out of their buckets
+        (_SplitLeaves); the entity reset on the operator's rows."""
+        lv, split, walk, rows = self.leaves, None, self, e
+        if lv is not None:
+            rows = lv.row.index_select(0, e)
+            with_reset = lv.is_leaf.index_select(0, e) & (ev > 0)
+            # leaves with reset mass get rows of their own; which operator to run is read once per call
+            if bool(with_reset.any()):
+                split = _SplitLeaves(self, e[with_reset])
+                rows[with_reset] = split.rows_of_given
+                walk = split.walk
+        re = torch.zeros(walk.to_entities.shape[0], rp.shape[1], dtype=rp.dtype, device=rp.device).index_put_(
+            (rows, col), ev.to(rp.dtype), accumulate=True)
+        expand = None if lv is None else (lambda x: _expand_entities(lv, x, split))
+        return WalkCall(walk, re, expand)
+
+    def ppr_step(self, xp, xe, rp, re, damping: float, out_p, out_e, joint: tuple | None = None,
+                 cols: torch.Tensor | None = None) -> torch.Tensor:
+        """kernels.ppr_step on this operator's tensors (see there); returns the L1 change per column. ``cols``
+        (the call's column of each working column) is for walks that keep per-column state; unused here."""
         return kernels.ppr_step(self.to_passages, self.to_entities, self.between_passages, self.dangling_passage_idx,
                                 self.dangling_entity_idx, xp, xe, rp, re, damping, out_p, out_e, self.workspace, joint)
+
+
+@dataclass
+class WalkCall:
+    """What one personalized_pagerank call runs on (PPRGraph.for_call, or a shard's walk): ``walk`` has ppr_step,
+    ``re`` is the entity reset on its rows [R, B], ``expand`` maps the final entity rows to [E, B] entity scores
+    (None: the rows are the entities)."""
+
+    walk: object
+    re: torch.Tensor
+    expand: object = None
+
+    def entity_scores(self, re: torch.Tensor) -> torch.Tensor:
+        return re if self.expand is None else self.expand(re)
 
 
 @dataclass
@@ -257,7 +302,7 @@ class StepLog:
         """walk.ppr_step(*args), recorded with its time marks; returns the L1 change."""
         cuda = walk.dangling_passages.device.type == "cuda"
         start = _mark(cuda)
-        change = walk.ppr_step(*args)
+        change = walk.ppr_step(*args, cols)
         self.steps.append(PPRStep(walk, cols, change, start, _mark(cuda)))
         return change
 
@@ -401,32 +446,20 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
     rp = torch.nan_to_num(reset_p, nan=0.0).clamp_(min=0)
     B = rp.shape[1]
     ev = torch.nan_to_num(reset_e.val.to(rp.dtype), nan=0.0).clamp_(min=0)
-    total = rp.sum(0).index_add_(0, reset_e.col, ev)
+    total = graph.column_totals(rp).index_add_(0, reset_e.col, ev)
     valid = total > 0
     norm = torch.where(valid, total, torch.ones_like(total))
     rp.div_(norm)
-    ev = ev / norm[reset_e.col]
-    lv = graph.leaves
-    split = None
-    walk = graph  # the operator the steps run on
-    e_rows = reset_e.row
-    if lv is not None:
-        e_rows = lv.row.index_select(0, reset_e.row)
-        with_reset = lv.is_leaf.index_select(0, reset_e.row) & (ev > 0)
-        # leaves with reset mass get rows of their own (_SplitLeaves); which operator to run is read once per call
-        if bool(with_reset.any()):
-            split = _SplitLeaves(graph, reset_e.row[with_reset])
-            e_rows[with_reset] = split.rows_of_given
-            walk = split.walk
-    rows = walk.to_entities.shape[0]  # rows of the walk's entity space
-    re = torch.zeros(rows, B, dtype=rp.dtype, device=rp.device).index_put_((e_rows, reset_e.col), ev, accumulate=True)
+    call = graph.for_call(reset_e.row, reset_e.col, ev / norm[reset_e.col], rp)
+    walk, re = call.walk, call.re  # the operator the steps run on, and the entity reset on its rows
     d = cfg.damping
     # working set: the reset (wrp, wre), the iterate (xp, xe) and an output buffer pair, columns `cols`
     cols = torch.arange(B, device=rp.device)
     wrp, wre = rp, re
     if B == 1:  # one question: the same stop rule on Python floats (no tensor bookkeeping per step)
         x = _one_column(walk, rp, re, d, cfg, steps)
-        return _result(x[:rp.shape[0]], x[rp.shape[0]:], valid, lv, split, entity_scores)
+        rp, re = x[:rp.shape[0]], x[rp.shape[0]:]
+        return rp, call.entity_scores(re) if entity_scores else None, valid
     xp, xe = rp.clone(), re.clone()
     bp, be = torch.empty_like(xp), torch.empty_like(xe)
     last = torch.full_like(total, float("inf"))
@@ -463,15 +496,7 @@ def personalized_pagerank(graph: PPRGraph, reset_p: torch.Tensor, reset_e: torch
     else:
         rp[:, cols[running]] = xp[:, running]  # ppr_max_iter reached
         re[:, cols[running]] = xe[:, running]
-    return _result(rp, re, valid, lv, split, entity_scores)
-
-
-def _result(rp, re, valid, lv, split, entity_scores: bool):
-    if not entity_scores:
-        return rp, None, valid
-    if lv is None:
-        return rp, re, valid
-    return rp, _expand_entities(lv, re, split), valid
+    return rp, call.entity_scores(re) if entity_scores else None, valid
 
 
 def _one_column(walk: PPRGraph, rp, re, d: float, cfg: RetrievalConfig, steps: StepLog | None = None) -> torch.Tensor:
@@ -499,7 +524,7 @@ def _one_column(walk: PPRGraph, rp, re, d: float, cfg: RetrievalConfig, steps: S
 def _step(walk: PPRGraph, cols, xp, xe, rp, re, d: float, bp, be, joint=None, steps: StepLog | None = None):
     """walk.ppr_step (into bp, be), recorded in ``steps`` when given; returns the L1 change."""
     if steps is None:
-        return walk.ppr_step(xp, xe, rp, re, d, bp, be, joint)
+        return walk.ppr_step(xp, xe, rp, re, d, bp, be, joint, cols)
     return steps.step(walk, cols, xp, xe, rp, re, d, bp, be, joint)
 
 

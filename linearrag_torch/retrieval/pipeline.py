@@ -84,6 +84,42 @@ class QuestionPipeline:
         return (hasattr(enc, "token_keys") and hasattr(enc, "encode_token_ids")
                 and getattr(enc, "name", None) == self.index.index_config.encoder)
 
+    def encode_questions(self, questions: Sequence[str], cfg, reuse_index_vectors: bool = True,
+                         timings: Optional[dict] = None, reranker=None) -> EncodedQueries:
+        """The whole question path for a batch (stage 0 of stages.plan): each question checked, its entities
+        (entities()), the vectors (encode()) and, with cfg.rerank, the reranker's question tokens.
+
+        Parameters
+        ----------
+        questions : sequence of str
+            The questions (an empty or non-string question raises corpus.InputError).
+        cfg : RetrievalConfig
+            lexicon_seeds, question_ner and rerank are read.
+        reuse_index_vectors : bool
+            Stored entity vectors for strings with an index entity's tokens (encode()).
+        timings : dict, optional
+            Seconds of "ner", "lexicon" and "encoder" are added to it.
+        reranker : rerank.Reranker, optional
+            The reranker whose question tokens cfg.rerank needs (required then).
+
+        Returns
+        -------
+        EncodedQueries
+        """
+        from ..corpus import check_question
+
+        questions = list(questions)
+        for q in questions:
+            check_question(q)
+        ents = self.entities(questions, cfg.lexicon_seeds, timings, cfg.question_ner)
+        enc = self.encode(questions, ents, reuse_index_vectors, timings)
+        if cfg.rerank:  # the reranker's question tokens (host work of the question path, like NER)
+            if reranker is None:
+                raise ValueError("rerank=True needs the reranker to tokenise the questions")
+            with stage(timings, "encoder"):
+                enc.rerank_tokens = reranker.question_tokens(questions)
+        return enc
+
     def entities(self, questions: Sequence[str], lexicon_seeds: bool, timings: Optional[dict] = None,
                  ner: str = "always") -> list:
         """Per question, its distinct lower-cased entity strings: NER first, then lexicon matches.

@@ -63,9 +63,21 @@ class Backend(Protocol):
         """The whole index's entity names (for the trace)."""
 
 
+class PartChain:
+    """Backend.chain_seeds and Backend.later_queries for a backend whose ``part`` (round.Part) runs the graph round
+    and whose ``tables`` (chain.ChainTables) hold that part's rows: the torch engine (the whole index) and a shard
+    of the sharded engine alike (chain.part_chain_seeds, chain.part_later_queries)."""
+
+    def chain_seeds(self, queries, ranking, source, cfg):
+        return chain.part_chain_seeds(self.part, self.tables, queries, ranking, source, cfg)
+
+    def later_queries(self, queries, seeds, cfg):
+        return chain.part_later_queries(self.part, self.tables, queries, seeds, cfg)
+
+
 class LocalChain:
     """Backend.chain_seeds and Backend.later_queries for a backend whose ``tables`` (chain.ChainTables) hold the
-    whole index (the torch engine, the scipy reference; a shard exchanges instead)."""
+    whole index without a round.Part: the scipy reference."""
 
     def chain_seeds(self, queries, ranking, source, cfg):
         return chain.chain_seeds(self.tables, queries, ranking, source, cfg)

@@ -93,7 +93,7 @@ def test_select_and_slice_take_questions_with_their_entities():
 
 
 def test_a_chunked_real_batch_keeps_the_stored_entity_vectors(small_rag, small_questions, monkeypatch):
-    from linearrag_torch.retrieval import engine as engine_mod
+    from linearrag_torch.retrieval import engine as engine_mod, round as round_mod
 
     enc = small_rag.encode_queries([q["question"] for q in small_questions])
     assert enc.entity_rows is not None and bool((enc.entity_rows >= 0).any())
@@ -102,13 +102,13 @@ def test_a_chunked_real_batch_keeps_the_stored_entity_vectors(small_rag, small_q
     assert sub.entity_rows.tolist() == enc.entity_rows[keep].tolist() and sub.rows_of is enc.rows_of
     whole = engine_mod.retrieve(small_rag.graph, enc, small_rag.config)
     seen = []
-    real_activate = engine_mod.activate_pairs
+    real_activate = round_mod.activate
 
     def spy(graph, queries, cfg):
         seen.append(queries.entity_rows is not None and queries.rows_of is graph.index)
         return real_activate(graph, queries, cfg)
 
-    monkeypatch.setattr(engine_mod, "activate_pairs", spy)
+    monkeypatch.setattr(round_mod, "activate", spy)
     per_q = small_rag.graph.bytes_per_question(small_rag.config)
     chunked = engine_mod.retrieve(small_rag.graph, enc, small_rag.config, memory_budget=2 * per_q)
     assert seen and all(seen)  # every chunk seeded from the stored vectors' rows

@@ -252,9 +252,9 @@ def test_passage_cosines_keep_the_last_answer():
         second = graph.passage_cosines(other)
         assert second is not first and torch.equal(second, cosines(graph.passage_emb, other))
         assert graph.passage_cosines(q[:2]) is not second  # other shape: computed
-        graph.nearest(graph.entity_emb, q)
-        assert graph.nearest._last is not None
-    assert graph._last_cosines is None and graph.nearest._last is None  # dropped after the block
+        graph.nearest_memo(graph.entity_emb, q)
+        assert graph.nearest_memo._last is not None
+    assert graph._last_cosines is None and graph.nearest_memo._last is None  # dropped after the block
     with graph.keeping_last(False):  # a chunked batch: nothing kept
         graph.passage_cosines(q)
         assert graph._last_cosines is None

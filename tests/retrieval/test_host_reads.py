@@ -16,10 +16,10 @@ from linearrag_torch.synthetic import random_index, random_queries
 
 HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 # where a read is allowed, (file, function): the PageRank's convergence test (once per step; a batch of one
-# reads its L1 change) and its choice of operator (once per call); eq. 7's block size (once per call at these
+# reads its L1 change) and its choice of operator (once per call, PPRGraph.for_call); eq. 7's block size (once per call at these
 # sizes), eq. 3's stored-vector branch (once per call) and, in paper mode, eq. 5's early stop (once per
 # propagation step, at most max_iterations - 1): none of them grows with the batch
-CONVERGENCE = {("pagerank.py", "personalized_pagerank"), ("pagerank.py", "_one_column")}
+CONVERGENCE = {("pagerank.py", "personalized_pagerank"), ("pagerank.py", "_one_column"), ("pagerank.py", "for_call")}
 ONCE_PER_CALL = {("sparse_rhs.py", "spmm_sparse_rhs"), ("activation.py", "nearest_entities"),
                  ("activation.py", "propagate_paper")}
 

@@ -246,14 +246,14 @@ def test_rows_are_not_used_against_another_index(small_rag, nlp, encoder, questi
     ref = engine.retrieve(graph, dataclasses.replace(enc, entity_rows=None, rows_of=None), small_rag.config)
     assert torch.equal(out.indices, ref.indices)
     calls = []
-    real = engine.seed_pairs
-    one_round = small_rag.config.replace(chain_passages=0)  # one seed_pairs call per retrieve
+    real = engine.NearestMemo.__call__
+    one_round = small_rag.config.replace(chain_passages=0)  # one scan per retrieve
     try:
-        engine.seed_pairs = lambda *a: calls.append(a[4:5]) or real(*a)
+        engine.NearestMemo.__call__ = lambda self, *a: calls.append(a[2:3]) or real(self, *a)
         engine.retrieve(graph, enc, one_round)
         engine.retrieve(small_rag.graph, enc, one_round)
     finally:
-        engine.seed_pairs = real
+        engine.NearestMemo.__call__ = real
     assert calls[0] == (None,) and calls[1][0] is enc.entity_rows
 
 
@@ -267,18 +267,20 @@ def test_retrieval_runs_in_inference_mode_and_returns_ordinary_tensors(small_rag
     enc = small_rag.encode_queries(questions)
     graph = small_rag.graph
     cfg = small_rag.config
+    from linearrag_torch.retrieval import round as graph_round
+
     seen = []
-    real = engine._retrieve_chunk
+    real = graph_round.one_chunk
 
     def spy(*args, **kwargs):
         seen.append(torch.is_inference_mode_enabled())
         return real(*args, **kwargs)
 
-    engine._retrieve_chunk = spy
+    graph_round.one_chunk = spy
     try:
         out, tr = engine.retrieve(graph, enc, cfg, trace=True)
     finally:
-        engine._retrieve_chunk = real
+        graph_round.one_chunk = real
     assert seen and all(seen) and not torch.is_inference_mode_enabled()
     assert isinstance(out, Retrieved)
     tensors = [out.indices, out.scores, tr.seeds, tr.is_seed, tr.dense, tr.activation.act, tr.activation.tier,
