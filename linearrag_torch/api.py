@@ -452,7 +452,11 @@ class LinearRAG(QuestionModels):
         if not qs:
             return []
         cfg = self.config.replace(top_k=top_k, **overrides)
-        out = self.retrieve(self.encode_queries(qs, cfg, timings=timings), cfg, backend, timings=timings)
+        if backend == "torch":  # the question path as stage 0 of the engine's stage list
+            out = engine.retrieve(self.graph, qs, cfg, timings=timings,
+                                  encode=lambda q, c, t: self.encode_queries(q, c, timings=t))
+        else:
+            out = self.retrieve(self.encode_queries(qs, cfg, timings=timings), cfg, backend, timings=timings)
         hits = self.hits(out)
         return hits[0] if single else hits
 

@@ -298,10 +298,18 @@ def _ordinary(value):
 class TorchBackend(PartChain):
     """The torch engine's operations for the stage list (stages.Backend) on one DeviceGraph."""
 
-    def __init__(self, graph: DeviceGraph, memory_budget: int | None = None, steps: StepLog | None = None):
+    def __init__(self, graph: DeviceGraph, memory_budget: int | None = None, steps: StepLog | None = None,
+                 encoder=None):
         self.graph = graph
         self.memory_budget = memory_budget
         self.steps = steps  # the PageRank steps of every round are recorded here when given
+        self.encoder = encoder  # stage 0: (questions, cfg, timings) -> EncodedQueries, or None
+
+    def encode(self, questions, cfg, timings):
+        if self.encoder is None:
+            raise ValueError("a batch of question strings needs the question path: pass encode= to retrieve "
+                             "(LinearRAG.search does), or encode the questions first (LinearRAG.encode_queries)")
+        return self.encoder(questions, cfg, timings).to(self.graph.device)
 
     @property
     def part(self):
@@ -332,9 +340,12 @@ class TorchBackend(PartChain):
 
 
 @in_inference_mode
-def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool | str = False,
-             memory_budget: int | None = None, timings: dict | None = None):
+def retrieve(graph: DeviceGraph, queries, cfg: RetrievalConfig, trace: bool | str = False,
+             memory_budget: int | None = None, timings: dict | None = None, encode=None):
     """Rank passages for a batch of encoded questions. Returns Retrieved, and with ``trace`` (Retrieved, Trace).
+
+    ``queries``: EncodedQueries, or a list of question strings with ``encode`` (a function (questions, cfg,
+    timings) -> EncodedQueries, e.g. LinearRAG.encode_queries'), which then runs as stage 0 of the stage list.
 
     The batch runs through the stage list of ``cfg`` (stages.plan: graph rounds, the reranker in the loop, the
     pair rerank, the learned rerank, top-k); each graph round runs in chunks of graph.questions_per_chunk(
@@ -350,12 +361,12 @@ def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, 
     steps = StepLog() if trace else None
     if trace is True and tracing.active() is None:  # the outermost call of a traced batch counts it
         with tracing.OpCounter() as counter:
-            out, tr = _run(graph, queries, cfg, True, memory_budget, timings, steps)
+            out, tr = _run(graph, queries, cfg, True, memory_budget, timings, steps, encode)
         tr.host_reads, tr.torch_calls = counter.host_reads, counter.calls
     elif trace is True:
-        out, tr = _run(graph, queries, cfg, True, memory_budget, timings, steps)
+        out, tr = _run(graph, queries, cfg, True, memory_budget, timings, steps, encode)
     else:
-        out = _run(graph, queries, cfg, False, memory_budget, timings, steps)
+        out = _run(graph, queries, cfg, False, memory_budget, timings, steps, encode)
         if steps is None:
             return out
         tr = Trace()
@@ -363,10 +374,11 @@ def retrieve(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, 
     return out, tr
 
 
-def _run(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool, memory_budget,
-         timings, steps: StepLog | None):
+def _run(graph: DeviceGraph, queries, cfg: RetrievalConfig, trace: bool, memory_budget, timings,
+         steps: StepLog | None, encode=None):
     # the rounds of a chain whose batch runs in one chunk share its passage cosines and eq. 3's scan (kept only
     # for the chain: a kept [P, B] product would add to a chunked batch's memory budget)
-    one_chunk = chain_enabled(cfg) and queries.batch_size <= graph.questions_per_chunk(memory_budget, cfg)
+    B = len(queries) if isinstance(queries, (list, tuple)) else queries.batch_size
+    one_chunk = chain_enabled(cfg) and B <= graph.questions_per_chunk(memory_budget, cfg)
     with graph.keeping_last(one_chunk):
-        return stages.run(TorchBackend(graph, memory_budget, steps), queries, cfg, trace, timings)
+        return stages.run(TorchBackend(graph, memory_budget, steps, encode), queries, cfg, trace, timings)

@@ -1,12 +1,15 @@
 """The query path as an ordered list of named stages, run the same way by every backend.
 
-A batch of encoded questions flows through ``plan(cfg)``, a list such as::
+A batch of questions flows through ``plan(cfg)``, a list such as::
 
-    round 1 -> rerank 1 -> round 2 -> pairs -> rerank -> top-k
+    encode -> round 1 -> rerank 1 -> round 2 -> pairs -> rerank -> top-k
 
 each entry a ``Stage`` (a name and a function ``(backend, batch) -> None`` that updates the ``Batch``). Which
 stages run, and in which order, is read from that list, never from branches elsewhere:
 
+- ``encode`` (stage 0, when the batch starts from question strings): the question path
+  (pipeline.QuestionPipeline.encode_questions: NER, lexicon, encoder), timed by its parts ("ner", "lexicon",
+  "encoder"); a batch given as EncodedQueries starts at round 1;
 - ``round 1``: one graph round (eqs. 3-7) ranking ``depth`` passages per question;
 - ``rerank r`` (``rerank`` with ``rerank_loop_candidates`` > 0, a chain): the learned reranker reorders round
   r's top candidates before the chain reads its sources and keeps its passages from them (rerank_stage.py);
@@ -35,6 +38,9 @@ from ..runtime.tracing import stage as timed, uncounted
 
 class Backend(Protocol):
     """What the stages ask of a backend. Every method works on a whole batch at once."""
+
+    def encode(self, questions: list, cfg: RetrievalConfig, timings: dict | None) -> EncodedQueries:
+        """Stage 0: the questions encoded (pipeline.QuestionPipeline.encode_questions), on the backend's device."""
 
     def round(self, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool) -> tuple[Retrieved, object]:
         """One graph round (eqs. 3-7) of ``cfg.top_k`` passages per question, and its trace (None unless asked)."""
@@ -90,7 +96,9 @@ class LocalChain:
 class Batch:
     """A batch on its way through the stages.
 
-    queries   the encoded questions
+    queries   the encoded questions (None until stage 0 when the batch starts from ``questions``)
+    questions the question strings, for stage 0 (None when the batch starts encoded)
+    timings   the seconds of each stage are added here (None: not timed)
     cfg       the settings of the call
     depth     passages per question the graph rounds rank (enough for every later stage)
     ranking   the list so far (Retrieved, best first)
@@ -105,9 +113,11 @@ class Batch:
     round_lists  each round's own ranking (after its loop rerank), when traced
     """
 
-    queries: EncodedQueries
+    queries: Optional[EncodedQueries]
     cfg: RetrievalConfig
     depth: int
+    questions: Optional[list] = None
+    timings: Optional[dict] = None
     ranking: Optional[Retrieved] = None
     round: Optional[Retrieved] = None
     before: Optional[Retrieved] = None
@@ -124,7 +134,7 @@ class Batch:
 class Stage:
     name: str
     run: Callable[[Backend, Batch], None]
-    timing: str  # the timings key it adds to ("graph" or "rerank")
+    timing: Optional[str]  # the timings key it adds to ("graph" or "rerank"); None: its parts time themselves
 
 
 # ------------------------------------------------------------------------------------------------- depths
@@ -149,6 +159,10 @@ def loop_candidates(cfg: RetrievalConfig) -> int:
 
 
 # ------------------------------------------------------------------------------------------------- stages
+def encode(be: Backend, b: Batch) -> None:
+    b.queries = be.encode(b.questions, b.cfg, b.timings)
+
+
 def first_round(be: Backend, b: Batch) -> None:
     cfg = b.cfg.replace(chain_passages=0, pair_candidates=0, rerank=False, top_k=b.depth)
     out, tr = be.round(b.queries, cfg, b.traced)
@@ -207,9 +221,10 @@ def top_k(be: Backend, b: Batch) -> None:
     b.ranking = b.ranking.head(b.cfg.top_k)
 
 
-def plan(cfg: RetrievalConfig) -> list[Stage]:
-    """The stages a batch runs with ``cfg``, in order."""
-    out = [Stage("round 1", first_round, "graph")]
+def plan(cfg: RetrievalConfig, encode_first: bool = False) -> list[Stage]:
+    """The stages a batch runs with ``cfg``, in order (``encode_first``: from question strings, stage 0 first)."""
+    out = [Stage("encode", encode, None)] if encode_first else []
+    out.append(Stage("round 1", first_round, "graph"))
     if chain.enabled(cfg):
         for r in range(1, cfg.chain_rounds + 1):
             if loop_candidates(cfg):
@@ -223,14 +238,19 @@ def plan(cfg: RetrievalConfig) -> list[Stage]:
     return out
 
 
-def run(be: Backend, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool = False,
+def run(be: Backend, queries, cfg: RetrievalConfig, trace: bool = False,
         timings: dict | None = None, stages: list[Stage] | None = None):
-    """Run ``stages`` (default: plan(cfg)) on a batch: Retrieved, and with ``trace`` (Retrieved, Trace).
-    ``timings``: each stage's seconds are added to timings[stage.timing] ("graph" or "rerank")."""
-    b = Batch(queries, cfg, graph_depth(cfg), traced=trace)
-    for st in stages if stages is not None else plan(cfg):
-        with timed(timings, st.timing):
+    """Run ``stages`` (default: plan(cfg), from stage 0 when ``queries`` is a list of question strings) on a
+    batch (EncodedQueries, or the questions): Retrieved, and with ``trace`` (Retrieved, Trace).
+    ``timings``: each stage's seconds are added to timings[stage.timing] ("graph" or "rerank"; stage 0's parts to
+    "ner", "lexicon" and "encoder")."""
+    strings = isinstance(queries, (list, tuple))
+    b = Batch(None if strings else queries, cfg, graph_depth(cfg), list(queries) if strings else None, timings,
+              traced=trace)
+    for st in stages if stages is not None else plan(cfg, strings):
+        with timed(timings if st.timing else None, st.timing):
             st.run(be, b)
+    queries = b.queries
     if not trace:
         return b.ranking
     if b.seeds is not None:

@@ -27,6 +27,25 @@ def test_plan_lists_the_stages_in_order(changes, names):
     assert [s.name for s in stages.plan(RetrievalConfig(**changes))] == names
 
 
+def test_question_strings_start_at_stage_0():
+    assert [s.name for s in stages.plan(RetrievalConfig(), encode_first=True)] == \
+        ["encode", "round 1", "round 2", "pairs", "top-k"]
+
+
+def test_search_runs_the_question_path_as_stage_0(small_rag, small_questions):
+    """search() hands the engine the question strings: stage 0 encodes them (its parts timed as before), and the
+    answer is that of encode_queries then retrieve; strings without the question path are refused."""
+    qs = [q["question"] for q in small_questions]
+    cfg = small_rag.config.replace(top_k=4)
+    want = small_rag.hits(small_rag.retrieve(small_rag.encode_queries(qs, cfg), cfg))
+    timings = {}
+    got = small_rag.search(qs, top_k=4, timings=timings)
+    assert [[h.id for h in row] for row in got] == [[h.id for h in row] for row in want]
+    assert {"ner", "encoder", "graph"} <= set(timings) and "encode" not in timings and None not in timings
+    with pytest.raises(ValueError, match="encode_queries"):
+        engine.retrieve(small_rag.graph, qs, cfg)
+
+
 def test_depths_cover_every_later_stage():
     cfg = RetrievalConfig(top_k=3, rerank=True, rerank_candidates=7, rerank_loop_candidates=9)
     assert stages.final_depth(cfg) == 7
