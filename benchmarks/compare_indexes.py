@@ -37,7 +37,7 @@ def _same(x, y) -> bool:
 
 def compare(a_dir, b_dir, questions: list, top_k: int = 5, batch: int = 128) -> dict:
     A, B = LinearRAG.load(a_dir, device="cpu"), LinearRAG.load(b_dir, device="cpu")
-    B._nlp, B._encoder = A.nlp, A.encoder  # one set of models
+    B.models.nlp, B.models.encoder = A.nlp, A.encoder  # one set of models
     ia, ib = A.index, B.index
     out = {"a": str(a_dir), "b": str(b_dir), "summary_a": ia.summary(), "summary_b": ib.summary(),
            "strings_equal": {f: getattr(ia, f) == getattr(ib, f)

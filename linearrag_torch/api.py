@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from . import models
 from .answers.generation import answer_batch
-from .config import ENCODER_BACKENDS, IndexConfig, RetrievalConfig
+from .config import IndexConfig, RetrievalConfig
 from .corpus import Hit, read_passages
 from .env import resolve_device
 from .index import TriGraphIndex
@@ -20,15 +20,14 @@ from .retrieval.explain import explanations
 from .retrieval.pipeline import QuestionPipeline
 
 BACKENDS = ("torch", "scipy")
-QUESTION_ENCODERS = (None, "bfloat16", "int8", "int8-all")  # LinearRAG(quantize=...)
 
 
-class LinearRAG(QuestionModels):
+class LinearRAG:
     """A Tri-Graph index on a device, with the spaCy and encoder models that made it.
 
     Make one with ``build`` (from a corpus) or ``load`` (from a folder written by ``save``), then rank passages
     for batches of questions with ``search``: one call answers the whole batch, on the device. The models load
-    on first use (their handling: ``models.holder.QuestionModels``). Guide: docs/python-api.md; settings:
+    on first use (``rag.models``: models.holder.QuestionModels). Guide: docs/python-api.md; settings:
     ``RetrievalConfig`` (``rag.config``, per-call overrides).
 
     Parameters
@@ -44,18 +43,12 @@ class LinearRAG(QuestionModels):
         The question encoder, used as it is (default: the index's ``IndexConfig.encoder`` as ``quantize`` and
         ``encoder_backend`` say, loaded on first use).
     quantize : {None, "bfloat16", "int8", "int8-all"}, default None
-        The question encoder's arithmetic. None: float32, exact, and a question's vector does not depend on
-        the other questions of its batch beyond float noise (~1e-7), whatever precision the index was encoded
-        in (``IndexConfig.encoder_precision``). "bfloat16": bf16 autocast where the device has native bf16
-        (``env.native_bf16``; float32 elsewhere, with a warning): faster, but a vector then depends on its
-        batch by up to ~1e-3 per component (the matrix kernels change with the batch's shape), so near-tied
-        passages may swap with the batch. "int8" or "int8-all": dynamically quantised Linear layers, CPU
-        only, faster, vectors close to the exact ones (``encoding.quantize_int8``). Speed and accuracy of
-        each: docs/tuning.md, "Encoder precision", "int8 question encoder".
+        The question encoder's arithmetic. None: float32, a vector independent of its batch up to float noise.
+        "bfloat16": bf16 autocast where the device has native bf16 (float32 elsewhere, with a warning); a
+        vector then depends on its batch, so near-tied passages may swap. "int8", "int8-all": dynamically
+        quantised Linear layers, CPU only. Speed and accuracy: docs/tuning.md, "Encoder precision".
     encoder_backend : {"torch", "onnx"}, default "torch"
-        "onnx" runs the float32 question encoder on ONNX Runtime (CPU only, extra ``[onnx]``, not with
-        ``quantize``): the same vectors to float noise; measured in docs/tuning.md, "ONNX Runtime question
-        encoder".
+        "onnx": the float32 question encoder on ONNX Runtime (CPU only, extra ``[onnx]``, not with ``quantize``).
 
     Raises
     ------
@@ -81,23 +74,10 @@ class LinearRAG(QuestionModels):
     def __init__(self, index: TriGraphIndex, device="auto", nlp=None, encoder=None, quantize: str | None = None,
                  encoder_backend: str = "torch"):
         self.device = resolve_device(device)
-        if quantize not in QUESTION_ENCODERS:
-            raise ValueError(f"quantize must be one of {QUESTION_ENCODERS}, got {quantize!r}")
-        if quantize in ("int8", "int8-all") and self.device.type != "cpu":
-            raise ValueError(f"quantize={quantize!r} runs on the CPU only, the device is {self.device}")
-        if encoder_backend not in ENCODER_BACKENDS:
-            raise ValueError(f"encoder_backend must be one of {ENCODER_BACKENDS}, got {encoder_backend!r}")
-        if encoder_backend == "onnx" and (quantize is not None or self.device.type != "cpu"):
-            raise ValueError(f"encoder_backend='onnx' runs float32 on the CPU (device {self.device}, "
-                             f"quantize {quantize!r})")
         self.index = index
         self.config = index.retrieval_config
-        self.quantize = quantize
-        self.encoder_backend = encoder_backend
+        self.models = QuestionModels(index.index_config, self.device, quantize, encoder_backend, nlp, encoder)
         self.reuse_index_vectors = True  # the default of encode_queries(reuse_index_vectors=...)
-        self._nlp = nlp
-        self._encoder = encoder
-        self._ner_pool = None  # nlp.NERPool (start_ner_processes)
         self._graph = None
         self._pipeline = None
 
@@ -240,7 +220,7 @@ class LinearRAG(QuestionModels):
 
         passages = read_passages(corpus, first_id=self.index.num_passages, existing_ids=self.index.passage_ids)
         self.replace_index(add_passages(self.index, passages, progress=progress, nlp=self.nlp,
-                                     encoder=self._passage_encoder(), ids_checked=True))
+                                     encoder=self.models.passage_encoder(), ids_checked=True))
         return self
 
     def delete(self, ids) -> "LinearRAG":
@@ -292,16 +272,79 @@ class LinearRAG(QuestionModels):
         """
         index.retrieval_config = self.config
         self.index = index
+        self.models.index_config = index.index_config
         self._graph = None  # caches derived from the index
         self._pipeline = None
+
+    # ------------------------------------------------------------------ models (models.holder.QuestionModels)
+    quantize = property(lambda self: self.models.quantize, doc="The question encoder's arithmetic (__init__).")
+    encoder_backend = property(lambda self: self.models.encoder_backend, doc="The question encoder's runtime.")
+    nlp = property(lambda self: self.models.nlp, doc="The questions' spaCy pipeline, loaded on first use.")
+    encoder = property(lambda self: self.models.encoder, doc="The question encoder, loaded on first use.")
+    ner_pool = property(lambda self: self.models.ner_pool, doc="The NER worker processes, or None.")
+
+    def start_ner_processes(self, processes: int, caller_part: bool = True):
+        """Run the questions' spaCy NER in worker processes that stay up, beside this process (for cores to spare
+        while NER runs; a batch of fewer than 16 questions runs here alone; ``close`` stops them; what it buys:
+        docs/tuning.md, "Question throughput").
+
+        Parameters
+        ----------
+        processes : int
+            Worker processes, each loading the index's spaCy model; 0 stops those running.
+        caller_part : bool, default True
+            This process takes a part of each batch too.
+
+        Returns
+        -------
+        NERPool or None
+            The pool, or None for 0 processes.
+        """
+        return self.models.start_ner_processes(processes, caller_part)
+
+    def share_models_from(self, other: "LinearRAG") -> "LinearRAG":
+        """Use another object's loaded models where this index needs the same ones: the question encoder (same
+        encoder, max_length, device, quantize and backend), the spaCy pipeline (same spacy_model and dropped
+        labels), the NER worker processes (same spacy_model; both then hold them: ``models.detach_ner_pool``).
+
+        Parameters
+        ----------
+        other : LinearRAG
+            The object whose models to take (one it has not loaded is left to load on first use).
+
+        Returns
+        -------
+        LinearRAG
+            This object.
+
+        Examples
+        --------
+        >>> import os, tempfile
+        >>> from linearrag_torch import TriGraphIndex
+        >>> folder = rag.save(os.path.join(tempfile.mkdtemp(), "index"))
+        >>> LinearRAG(TriGraphIndex.load(folder), device="cpu").share_models_from(rag).encoder is rag.encoder
+        True
+        """
+        self.models.share_from(other.models)
+        self._pipeline = None
+        return self
+
+    def close(self) -> None:
+        """Stop the NER worker processes, if any (the rest needs no closing).
+
+        Examples
+        --------
+        >>> rag.close()
+        """
+        self.models.close()
 
     @property
     def pipeline(self):
         """The question path (pipeline.QuestionPipeline): NER, lexicon, encoder stages."""
         p = self._pipeline
         if (p is None or p.index is not self.index or p.nlp is not self.nlp or p.encoder is not self.encoder
-                or p.ner_pool is not self._ner_pool):
-            p = self._pipeline = QuestionPipeline(self.index, self.nlp, self.encoder, self._ner_pool)
+                or p.ner_pool is not self.ner_pool):
+            p = self._pipeline = QuestionPipeline(self.index, self.nlp, self.encoder, self.ner_pool)
         return p
 
     @property

@@ -266,7 +266,7 @@ class LocalEngineHost:
         self._pairs = {}  # the index's settings may have changed
         if old is not None and old.ner_pool is not None:
             if old.ner_pool is rag.ner_pool:
-                old.detach_ner_pool()  # the NER worker processes now belong to the new index
+                old.models.detach_ner_pool()  # the NER worker processes now belong to the new index
             else:
                 old.close()  # its NER worker processes load another spaCy model
         del old

@@ -395,12 +395,12 @@ def test_a_killed_add_leaves_the_previous_index_and_a_second_writer_is_refused(
         proc.stderr.close()
     assert (idx / "index.json").read_bytes() == before["index.json"]
     loaded = LinearRAG.load(idx, device="cpu")  # verifies sizes and checksums
-    loaded._nlp, loaded._encoder = nlp, encoder
+    loaded.models.nlp, loaded.models.encoder = nlp, encoder
     assert loaded.index.num_passages == small_rag.index.num_passages
     assert_same_search(loaded, small_rag)
     # the next writer gets the lock (the dead one's .lock file holds no lock) and cleans up
     rag = LinearRAG.load(idx, device="cpu")
-    rag._nlp, rag._encoder = nlp, encoder
+    rag.models.nlp, rag.models.encoder = nlp, encoder
     rag.add(more).save(idx)
     assert sorted(p.name for p in idx.iterdir()) == sorted(["index.json", *_data_files(idx)])
     assert TriGraphIndex.load(idx).passage_ids[-1] == "new-1"

@@ -150,7 +150,7 @@ def test_questions_are_float32_and_add_encodes_in_the_index_precision(few, nlp, 
     assert built.index.index_config.encoder_precision == "bfloat16" and built.encoder.precision == "float32"
     # new passages are encoded as the index was: bf16, with the question encoder's model (nothing reloaded)
     rag.add(few[3:])
-    assert rag.encoder.precision == "float32" and rag._passage_encoder().model is rag.encoder.model
+    assert rag.encoder.precision == "float32" and rag.models.passage_encoder().model is rag.encoder.model
     texts = [passage_text(p.title, p.text) for p in few[3:]]
     new = rag.index.passage_emb[3:]
     assert torch.equal(new, Encoder(precision="bfloat16").encode(texts))

@@ -104,7 +104,7 @@ def test_search_equals_the_torch_encoder(cache, small_rag, nlp):
 def test_add_encodes_passages_with_torch(cache, small_rag, nlp):
     """add() must store what a build stores: the torch encoder in the index precision, not the onnx one."""
     rag = LinearRAG(small_rag.index, "cpu", nlp=nlp, encoder_backend="onnx")
-    enc = rag._passage_encoder()
+    enc = rag.models.passage_encoder()
     assert getattr(enc, "backend", "torch") == "torch"
 
 

@@ -57,8 +57,8 @@ def test_share_models_from_reuses_what_is_loaded_and_matches(small_rag):
     assert twin.encoder is small_rag.encoder and twin.nlp is small_rag.nlp
     other = LinearRAG(small_rag.index, small_rag.device, quantize="int8")  # another question encoder
     other.share_models_from(small_rag)
-    assert other.nlp is small_rag.nlp and other._encoder is None
+    assert other.nlp is small_rag.nlp and other.models.loaded_encoder is None
     index = copy.copy(small_rag.index)  # another spaCy model: nothing of spaCy is shared
     index.index_config = dataclasses.replace(index.index_config, spacy_model="another_model")
     third = LinearRAG(index, small_rag.device).share_models_from(small_rag)
-    assert third._nlp is None and third.ner_pool is None and third.encoder is small_rag.encoder
+    assert third.models.loaded_nlp is None and third.ner_pool is None and third.encoder is small_rag.encoder

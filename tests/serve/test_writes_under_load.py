@@ -113,7 +113,7 @@ def test_add_and_delete_with_reloads_under_query_load_fail_no_query(small_index_
     expected = []
     for state in states:
         rag = LinearRAG.load(state, device="cpu")
-        rag._nlp, rag._encoder = nlp, encoder
+        rag.models.nlp, rag.models.encoder = nlp, encoder
         expected.append({q: [(h.id, h.score) for h in hs] for q, hs in zip(questions, rag.search(questions, top_k=5))})
     for k in range(len(states) - 1):  # each write changes the answers: the states can be told apart
         assert any([x[0] for x in expected[k][q]] != [x[0] for x in expected[k + 1][q]] for q in questions), k
