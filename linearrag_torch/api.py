@@ -105,7 +105,7 @@ class LinearRAG(QuestionModels):
     # ------------------------------------------------------------------ construction
     @classmethod
     def build(cls, corpus, index_config: IndexConfig | None = None, config: RetrievalConfig | None = None,
-              device="auto", progress: bool = True, nlp=None, encoder=None) -> "LinearRAG":
+              device="auto", progress: bool = True, nlp=None, encoder=None, timings: dict | None = None) -> "LinearRAG":
         """Index ``corpus``: spaCy NER and the encoder over every passage, then the graph.
 
         Parameters
@@ -127,6 +127,9 @@ class LinearRAG(QuestionModels):
             A loaded spaCy pipeline to use instead of ``index_config.spacy_model``.
         encoder : optional
             A loaded encoder to use, as it is, for the passages and the questions.
+        timings : dict, optional
+            Receives the seconds of each stage: "load_models" (spaCy and the encoder), then build_index's
+            ("ner", "graph", "counts", "embed_passages", "embed_sentences", "embed_entities").
 
         Returns
         -------
@@ -151,11 +154,13 @@ class LinearRAG(QuestionModels):
         index_config = index_config or IndexConfig()
         # each model loaded once; questions in float32 (see __init__) with the passages' model, unless the
         # caller chose the encoder
-        loaded = models.for_index(index_config, dev, nlp, encoder)
+        with stage(timings, "load_models"):
+            loaded = models.for_index(index_config, dev, nlp, encoder)
         # the index stays on the CPU, as load() keeps it (the engine copies what it needs to ``dev``), and
         # save() writes it from there
         index = build_index(passages, index_config, config or RetrievalConfig(), device=str(dev), progress=progress,
-                            nlp=loaded.nlp, encoder=loaded.passage_encoder, ids_checked=True, index_device="cpu")
+                            nlp=loaded.nlp, encoder=loaded.passage_encoder, ids_checked=True, index_device="cpu",
+                            timings=timings)
         return cls(index, dev, loaded.nlp, loaded.question_encoder)
 
     @classmethod
