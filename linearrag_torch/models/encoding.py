@@ -252,7 +252,7 @@ class Encoder:
         twin = copy.copy(self)
         if resolve_precision(precision, self.device) == "int8":  # a quantised copy of the model
             twin.model = quantize_int8(self.model)
-            twin.quantize, twin.autocast, twin.precision, twin._lean = "int8", None, "int8", None
+            twin.quantize, twin.autocast, twin.precision = "int8", None, "int8"  # (_hidden skips the lean forward)
             return twin
         twin.autocast = _AUTOCAST[resolve_precision(precision, self.device)]
         twin.precision = _precision_name(twin.autocast)
@@ -421,7 +421,7 @@ class Encoder:
         if self._session is not None:
             return onnx_encoder.hidden_states(self._session, input_ids, attention_mask)
         with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
-            if self._lean is not None:
+            if self._lean is not None and self.quantize is None:
                 forward = self._lean.packed if pack else self._lean
                 return forward(input_ids, attention_mask, self.autocast)
             extra = {"token_type_ids": torch.zeros_like(input_ids)} if "token_type_ids" in self.tokenizer.model_input_names else {}
