@@ -3,13 +3,15 @@ reranker's cost.
 
     python -m benchmarks.cpu_targets --baseline-tree DIR --data DATA_DIR --index INDEX_DIR --json OUT [--png OUT]
                                      [--variant NAME=INDEX_FLAGS ...] [--label avx2|native] [--skip index ...]
+    python -m benchmarks.cpu_targets plot RESULT.json [RESULT.json ...] OUT.png
 
 Every figure comes from a fresh process (``python -c``, PYTHONPATH = the code tree) so that the two codes never
 share an interpreter: ``linearrag index DATA_DIR/corpus.jsonl OUT --quiet`` (wall clock of the whole command, with
 each variant's extra index flags for this code), and on INDEX_DIR (an index both codes read) the question path end
 to end (``rag.search(batch)``: ms per question, the best of 3 passes over 100 questions in batches of 100, and over
 30 questions one at a time) and, end to end on a batch of 64 questions, the graph path (``rerank=False``)
-against ``rerank=True`` (ms per question, best of 3). The code trees run alternately, baseline first.
+against ``rerank=True`` (ms per question, best of 3); the question path runs ``--rounds`` times per code, the codes
+alternating, and each figure is the code's best. The code trees run alternately, baseline first.
 
 The reference code itself is not run here (it is not part of this repository): issue 50 measured it on the same
 kind of machine against the issue-time code (ratios 1.55x index / 15.6x batch 100 / 4.4x one question on an AVX2
@@ -74,7 +76,46 @@ def run_code(tree: Path, args: list, env_extra: dict, code: str | None = None, t
     return sec, done
 
 
+def plot(results: list, path: Path) -> None:
+    """Each run's ratios to the reference code (index command, batch 100, one question) and the reranker's cost as a
+    multiple of the graph path, beside issue 50's targets."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    targets = {"avx2": {"index": 3, "batch100": 20, "batch1": 8, "rerank": 8},
+               "native": {"index": 5, "batch100": 20, "batch1": 8, "rerank": 5}}
+    fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 4.8), squeeze=False)
+    for ax, r in zip(axes[0], results):
+        bars, labels = [], []
+        for key, v in r["ratios"].items():
+            bars.append(v["vs_reference"])
+            labels.append(key)
+        for name, row in r["question_path"].items():
+            bars.append(row["rerank_over_graph"])
+            labels.append(f"rerank / graph, {name}")
+        y = range(len(bars))
+        ax.barh(list(y), bars, color=["tab:blue" if not lab.startswith("rerank") else "tab:orange" for lab in labels])
+        for i, (b, lab) in enumerate(zip(bars, labels)):
+            kind = "rerank" if lab.startswith("rerank") else lab.split(",")[0]
+            t = targets[r["label"]].get(kind)
+            ax.text(b, i, f" {b:.2f}x" + (f" (target {'<=' if kind == 'rerank' else '>='} {t}x)" if t else ""),
+                    va="center", fontsize=7)
+        ax.set_yticks(list(y), labels, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("x the reference code (blue: higher is better); rerank / graph path (orange: lower)")
+        ax.set_title(f"{r['label']} ({r['date'][:10]}), hotpotqa_train100", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "plot":  # python -m benchmarks.cpu_targets plot A.json ... OUT.png
+        plot([json.loads(Path(f).read_text()) for f in sys.argv[2:-1]], Path(sys.argv[-1]))
+        return 0
     ap = argparse.ArgumentParser(prog="python -m benchmarks.cpu_targets", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline-tree", type=Path, required=True, help="a checkout of the issue-time code")
@@ -87,6 +128,7 @@ def main(argv=None) -> int:
                     help="this code's question path again with LinearRAG.load(quantize=...)")
     ap.add_argument("--label", choices=("avx2", "native"), required=True,
                     help="avx2: run every process under the AVX2 caps (AVX2_CAP); native: as the CPU is")
+    ap.add_argument("--rounds", type=int, default=2, help="question-path runs per code, alternating (best kept)")
     ap.add_argument("--skip", nargs="*", default=[], choices=("index", "questions"))
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -109,13 +151,20 @@ def main(argv=None) -> int:
     if "questions" not in args.skip:
         qruns = [("baseline", args.baseline_tree, "none"), ("this code", args.tree, "none")] + [
             (q.split("=", 1)[0], args.tree, q.split("=", 1)[1]) for q in args.quantize]
-        for name, tree, quantize in qruns:
-            _, done = run_code(tree, [str(args.index), str(args.data / "questions.jsonl"), quantize], env_extra,
-                               code=QUESTION_PATH)
-            row = json.loads(done.stdout.split("RESULT ", 1)[1])
+        runs: dict = {}
+        for rnd in range(args.rounds):  # the codes alternate, round by round; each keeps its best figure
+            for name, tree, quantize in qruns:
+                _, done = run_code(tree, [str(args.index), str(args.data / "questions.jsonl"), quantize], env_extra,
+                                   code=QUESTION_PATH)
+                got = json.loads(done.stdout.split("RESULT ", 1)[1])
+                runs.setdefault(name, []).append(got)
+                print(f"[{args.label}] questions {name}, round {rnd + 1}: "
+                      + ", ".join(f"{k} {v:.2f}" for k, v in got.items()), flush=True)
+        for name, got in runs.items():
+            row = {k: min(g[k] for g in got) for k in got[0]}
             row["rerank_over_graph"] = row["rerank64_ms"] / row["graph64_ms"]
+            row["rounds"] = got
             res["question_path"][name] = row
-            print(f"[{args.label}] questions {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()), flush=True)
     res["load"].append(os.getloadavg())
     ratios = {}
     base = res["index_command_s"].get("baseline")
