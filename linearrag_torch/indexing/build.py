@@ -139,7 +139,11 @@ def add_passages(
             encoder = models.load_encoder(cfg, device)
     old_keys = base.keys or TokenKeys(None, None, None)  # None: an index written without them
     old_texts = [base.passage_text(i) for i in range(base.num_passages)]
-    if getattr(cfg, "sentence_vectors", "separate") == "passage" and hasattr(encoder, "encode_with_spans"):
+    one_pass = getattr(cfg, "sentence_vectors", "separate") == "passage"
+    if one_pass and not hasattr(encoder, "encode_with_spans"):
+        raise ValueError(f"IndexConfig.sentence_vectors='passage' needs an encoder with encode_with_spans "
+                         f"(encoding.Encoder); {type(encoder).__name__} has none: use sentence_vectors='separate'")
+    if one_pass:
         with stage(timings, "embed_passages"):  # the sentences' vectors come from the passages' pass
             passage_emb, passage_keys, sentence_emb, sentence_keys = _embed_one_pass(
                 encoder, texts, analyses, g.sentences[base.num_sentences:], old_texts, base.sentences, old_keys,

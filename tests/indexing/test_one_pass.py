@@ -171,3 +171,18 @@ def test_auto_without_native_bf16_is_the_measured_choice(monkeypatch):
     assert scoring.resolve_precision("auto", "cpu") == scoring.AUTO_WITHOUT_BF16
     monkeypatch.setattr(env, "native_bf16", lambda device: True)
     assert resolve_precision("auto", "cpu") == "bfloat16" == scoring.resolve_precision("auto", "cpu")
+
+
+def test_one_pass_needs_an_encoder_that_can_do_it(nlp):
+    class StandIn:  # encoding.TextEncoder's three members, no encode_with_spans
+        dim = 4
+
+        def token_keys(self, texts):
+            return list(texts)
+
+        def encode(self, texts, progress=False, desc="", keys=None):
+            return torch.ones(len(texts), 4) / 2
+
+    passages = as_passages(small_passages()[:2])
+    with pytest.raises(ValueError, match="needs an encoder with encode_with_spans"):
+        build_index(passages, IndexConfig(sentence_vectors="passage"), progress=False, nlp=nlp, encoder=StandIn())
