@@ -293,9 +293,13 @@ class IndexConfig:
         The spaCy package name or folder of the NER.
     encoder : str, default "all-MiniLM-L6-v2"
         The packaged all-MiniLM-L6-v2, or a local sentence-transformers folder.
-    encoder_precision : {"auto", "float32", "bfloat16"}, default "auto"
+    encoder_precision : {"auto", "float32", "bfloat16", "int8"}, default "auto"
         What the encoder runs in while indexing ("auto": bfloat16 where the device has native bf16, else
-        float32); the index stores what was used. Questions are encoded in float32 whatever this says.
+        float32; "int8": dynamically quantised Linear layers, CPU only); the index stores what was used.
+        Questions are encoded in float32 whatever this says.
+    sentence_vectors : {"separate", "passage"}, default "separate"
+        A sentence's vector from the sentence encoded alone, or from its passage's forward pass (every passage
+        encoded once, long passages in overlapping windows).
     title_entities : bool, default True
         Make each passage title an entity of its passage (the reference code has none).
     embedding_dtype : {"float32", "float16", "bfloat16"}, default "float32"
@@ -325,7 +329,9 @@ class IndexConfig:
                                         "faster where the device has native bf16, the vectors and recall all but "
                                         "float32's: docs/tuning.md, 'Encoder precision'), or auto "
                                         "(bfloat16 where the device has native bf16: CUDA, CPUs with AMX or "
-                                        "AVX512-BF16; float32 elsewhere). The index stores what was used and "
+                                        "AVX512-BF16; float32 elsewhere), or int8 (dynamically quantised "
+                                        "Linear layers, CPU only; recall measured in docs/tuning.md, 'Which CPU "
+                                        "gets which precision'). The index stores what was used and "
                                         "`add` encodes new passages the same way; questions are encoded in "
                                         "float32 whatever this says (exact, independent of the batch; "
                                         "`query`/`serve --quantize bfloat16` trades that for speed)",
