@@ -48,7 +48,7 @@ PACK_MIN_PADDED = 1.5
 WINDOW_OVERLAP = 0.25
 PRECISIONS = ENCODER_PRECISIONS  # IndexConfig.encoder_precision
 # what "auto" runs the encoder in on a CPU without native bf16: int8 was measured against float32 on the three
-# dev sets (docs/tuning.md, "Encoder precision") and is not adopted unless its recall holds within 0.3 points
+# dev sets (docs/tuning.md, "Which CPU gets which precision") and lost more than 0.3 points of recall: not adopted
 AUTO_WITHOUT_BF16 = "float32"
 _AUTOCAST = {"float32": None, "bfloat16": torch.bfloat16}
 

@@ -160,7 +160,7 @@ def fuse(settings: RerankerSettings, logits: torch.Tensor, graph_scores: torch.T
 
 
 # what "auto" runs the reranker in on a CPU without native bf16 (int8 measured against float32 on the three dev
-# sets: docs/tuning.md, "Encoder precision")
+# sets: docs/tuning.md, "Which CPU gets which precision")
 AUTO_WITHOUT_BF16 = "float32"
 
 
