@@ -8,6 +8,8 @@ For each DATA folder (corpus.jsonl) and each precision:
     embed passages / sentences / entities), in this process, with the number of texts of each stage;
   * command: the whole `linearrag index CORPUS OUT --encoder-precision P --quiet` in a fresh process
     (interpreter start, imports, model loads, build, atomic write), wall clock.
+Per stage, how far it is from the machine's limit (benchmarks/arithmetic.py): the encoder's GFLOP/s in each embed
+stage against a matmul peak of the transformer's shapes in the same precision, measured here; NER's words per second.
 Then the indexes are compared: the command's index against the in-process one of the same precision
 (same strings and matrices, largest embedding difference), and bf16 against float32 (strings and matrices
 equal, least cosine of the vectors). The load average before and after each run is recorded: figures
@@ -31,6 +33,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from benchmarks import arithmetic  # noqa: E402
 from benchmarks.common import log, machine  # noqa: E402
 from linearrag_torch.indexing.build import build_index  # noqa: E402
 from linearrag_torch.config import ENCODER_PRECISIONS, IndexConfig  # noqa: E402
@@ -49,9 +52,10 @@ def load() -> list:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def stages(corpus: Path, precision: str, progress: bool) -> tuple[dict, TriGraphIndex]:
+def stages(corpus: Path, precision: str, progress: bool, sentence_vectors: str = "separate"
+           ) -> tuple[dict, TriGraphIndex]:
     """Seconds per stage of an in-process build, and the index."""
-    cfg = IndexConfig(encoder_precision=precision)
+    cfg = IndexConfig(encoder_precision=precision, sentence_vectors=sentence_vectors)
     passages = read_corpus(corpus)
     t = {}
     t0 = time.perf_counter()
@@ -64,13 +68,44 @@ def stages(corpus: Path, precision: str, progress: bool) -> tuple[dict, TriGraph
     index = build_index(passages, cfg, device="cpu", progress=progress, nlp=nlp, encoder=encoder, timings=t)
     t["build"] = time.perf_counter() - t0
     t["total"] = t["build"] + t["load_spacy"] + t["load_encoder"]
+    stages.encoder = encoder  # efficiency() counts its tokens
     return {k: round(v, 3) for k, v in t.items()}, index
 
 
-def command(corpus: Path, precision: str, out: Path) -> float:
+_PEAKS: dict = {}
+
+
+def efficiency(index: TriGraphIndex, encoder, t: dict, precision: str) -> dict:
+    """Per stage, how far it is from the machine's limit (benchmarks/arithmetic.py): each embed stage's encoder
+    GFLOP/s against the matmul peak of the transformer's shapes in ``precision`` (measured here once per
+    precision), and NER's words per second."""
+    layers, hidden, inter = arithmetic.model_shape(encoder)
+    if precision not in _PEAKS:
+        _PEAKS[precision] = arithmetic.matmul_peak(precision, hidden, inter)
+    peak = _PEAKS[precision]
+    texts = [index.passage_text(i) for i in range(index.num_passages)]
+    one_pass = index.index_config.sentence_vectors == "passage"
+    lengths = {"embed_passages": (arithmetic.window_lengths(encoder.tokenizer, texts, encoder.max_length) if one_pass
+                                  else arithmetic.token_lengths(encoder.tokenizer, texts, encoder.max_length)),
+               "embed_sentences": [] if one_pass else arithmetic.token_lengths(
+                   encoder.tokenizer, sorted(set(index.sentences)), encoder.max_length),
+               "embed_entities": arithmetic.token_lengths(encoder.tokenizer, index.entities, encoder.max_length)}
+    out = {"matmul_peak_gflops": round(peak / 1e9, 2), "precision": precision}
+    for name, lens in lengths.items():
+        if t.get(name) and lens:
+            flops = arithmetic.encoder_flops(lens, layers, hidden, inter)
+            out[name] = {"gflop": round(flops / 1e9, 2), "gflops": round(flops / t[name] / 1e9, 2),
+                         "fraction_of_peak": round(flops / t[name] / peak, 3), "tokens": sum(lens)}
+    if t.get("ner"):
+        w = arithmetic.words(texts)
+        out["ner"] = {"words": w, "words_per_s": round(w / t["ner"], 1)}
+    return out
+
+
+def command(corpus: Path, precision: str, out: Path, sentence_vectors: str = "separate") -> float:
     """Wall seconds of the whole `linearrag index` command in a fresh process."""
     cmd = [sys.executable, "-m", "linearrag_torch.cli", "index", str(corpus), str(out),
-           "--encoder-precision", precision, "--quiet"]
+           "--encoder-precision", precision, "--sentence-vectors", sentence_vectors, "--quiet"]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
@@ -115,17 +150,18 @@ def run(args) -> dict:
             for precision in args.precisions:
                 log(f"[{data.name}] {precision}: stages ...")
                 before = load()
-                t, index = stages(corpus, precision, args.progress)
+                t, index = stages(corpus, precision, args.progress, args.sentence_vectors)
                 counts = {"passages": index.num_passages, "sentences": index.num_sentences, "entities": index.num_entities}
                 row = {"stages": t, "counts": counts, "stored_precision": index.index_config.encoder_precision,
                        "rates": {f"embed_{k}": round(counts[k] / t[f"embed_{k}"], 1) for k in
                                  ("passages", "sentences", "entities") if t.get(f"embed_{k}")},
-                       "load_stages": [before, load()]}
+                       "load_stages": [before, load()],
+                       "efficiency": efficiency(index, stages.encoder, t, precision)}
                 log(f"[{data.name}] {precision}: " + ", ".join(f"{k} {v:.1f} s" for k, v in t.items()))
                 if args.command:
                     out = Path(tmp) / precision
                     before = load()
-                    row["command_s"] = command(corpus, precision, out)
+                    row["command_s"] = command(corpus, precision, out, args.sentence_vectors)
                     row["load_command"] = [before, load()]
                     log(f"[{data.name}] {precision}: `linearrag index` {row['command_s']:.1f} s")
                     cli_index = TriGraphIndex.load(out)
@@ -162,6 +198,13 @@ def plot(result: dict, path: Path) -> None:
             v = r["stages"].get(s, 0.0)
             ax.barh(y, v, left=left, color=colors[i % 10], label=s if y == 0 else None)
             left += v
+        eff = r.get("efficiency", {})
+        fr = [f"{k.removeprefix('embed_')} {100 * v['fraction_of_peak']:.0f}%" for k, v in eff.items()
+              if isinstance(v, dict) and "fraction_of_peak" in v]
+        if fr:
+            ax.text(0.5, y - 0.3, f"encoder vs {eff['precision']} matmul peak ({eff['matmul_peak_gflops']:.0f} GFLOP/s): "
+                    + ", ".join(fr) + (f"; NER {eff['ner']['words_per_s']:.0f} words/s" if "ner" in eff else ""),
+                    fontsize=7, va="center")
         if "command_s" in r:
             ax.plot([r["command_s"]], [y], "k|", markersize=22, mew=2, label="`linearrag index`" if y == 0 else None)
             ax.text(r["command_s"], y + 0.3, f" {r['command_s']:.0f} s", va="center", fontsize=8)
@@ -187,6 +230,8 @@ def main(argv=None) -> int:
     ap.add_argument("--png", type=Path, help="default: --json with .png")
     ap.add_argument("--no-command", dest="command", action="store_false",
                     help="skip the whole `linearrag index` command (stages only)")
+    ap.add_argument("--sentence-vectors", choices=("separate", "passage"), default="separate",
+                    help="IndexConfig.sentence_vectors of every build (default %(default)s)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads of both (default: torch's, one per core)")
     ap.add_argument("--progress", action="store_true", help="progress bars of the in-process builds")
     args = ap.parse_args(argv)

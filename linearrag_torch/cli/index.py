@@ -35,6 +35,7 @@ def run(args) -> int:
 
     from ..index import index_lock  # deferred: imports torch
 
+    timings: dict = {}  # seconds per stage (LinearRAG.build), printed at the end
     existing = Path(args.index_dir).is_dir()  # replacing an index: lock before the work, not only to write
     with index_lock(args.index_dir) if existing else nullcontext():
         if args.ray is not None:  # the local build does not touch the Ray code
@@ -43,10 +44,16 @@ def run(args) -> int:
             rag = LinearRAG(build_index_on_ray(args.corpus, index_config=icfg, config=cfg, options=ray_options(args),
                                                progress=not args.quiet), args.device)
         else:
-            rag = LinearRAG.build(args.corpus, index_config=icfg, config=cfg, device=args.device, progress=not args.quiet)
+            rag = LinearRAG.build(args.corpus, index_config=icfg, config=cfg, device=args.device, progress=not args.quiet,
+                                  timings=timings)
+        t_save = time.perf_counter()
         rag.save(args.index_dir)
+        timings["save"] = time.perf_counter() - t_save
     s = rag.index.summary()
     print(f"indexed {sizes(s)} "
           f"(nnz M {s['nnz_M']}, C {s['nnz_C']}, N {s['nnz_N']}) into {args.index_dir} "
           f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    if len(timings) > 1:  # the local build's stages (the Ray build times its own)
+        print("stages: " + ", ".join(f"{name.replace('_', ' ')} {sec:.1f} s" for name, sec in timings.items()),
+              file=sys.stderr)
     return 0

@@ -26,7 +26,7 @@ from ..index import NER_PARTS, NerRecord, TokenKeys, TriGraphIndex, embedding_dt
 from ..runtime.tracing import stage
 from ..index.csr import Csr
 from .counting import count_occurrences
-from ..models.encoding import TextEncoder, append_vectors, embed_texts, resolve_precision
+from ..models.encoding import TextEncoder, append_vectors, embed_texts, resolve_precision, token_hash
 from ..models.nlp import analyse_passages, bind_title
 
 
@@ -138,13 +138,24 @@ def add_passages(
         with stage(timings, "load_encoder"):
             encoder = models.load_encoder(cfg, device)
     old_keys = base.keys or TokenKeys(None, None, None)  # None: an index written without them
-    with stage(timings, "embed_passages"):
-        old_texts = [base.passage_text(i) for i in range(base.num_passages)]
-        passage_emb, passage_keys = embed_texts(encoder, texts, old_texts, base.passage_emb, old_keys.passages,
-                                                progress, "embed passages")
-    with stage(timings, "embed_sentences"):
-        sentence_emb, sentence_keys = embed_texts(encoder, g.sentences[base.num_sentences:], base.sentences,
-                                                  base.sentence_emb, old_keys.sentences, progress, "embed sentences")
+    old_texts = [base.passage_text(i) for i in range(base.num_passages)]
+    one_pass = getattr(cfg, "sentence_vectors", "separate") == "passage"
+    if one_pass and not hasattr(encoder, "encode_with_spans"):
+        raise ValueError(f"IndexConfig.sentence_vectors='passage' needs an encoder with encode_with_spans "
+                         f"(encoding.Encoder); {type(encoder).__name__} has none: use sentence_vectors='separate'")
+    if one_pass:
+        with stage(timings, "embed_passages"):  # the sentences' vectors come from the passages' pass
+            passage_emb, passage_keys, sentence_emb, sentence_keys = _embed_one_pass(
+                encoder, texts, analyses, g.sentences[base.num_sentences:], old_texts, base.sentences, old_keys,
+                progress)
+    else:
+        with stage(timings, "embed_passages"):
+            passage_emb, passage_keys = embed_texts(encoder, texts, old_texts, base.passage_emb, old_keys.passages,
+                                                    progress, "embed passages")
+        with stage(timings, "embed_sentences"):
+            sentence_emb, sentence_keys = embed_texts(encoder, g.sentences[base.num_sentences:], base.sentences,
+                                                      base.sentence_emb, old_keys.sentences, progress,
+                                                      "embed sentences")
     with stage(timings, "embed_entities"):
         entity_emb, entity_keys = embed_texts(encoder, g.entities[base.num_entities:], base.entities,
                                               base.entity_emb, old_keys.entities, progress, "embed entities")
@@ -168,6 +179,61 @@ def add_passages(
         keys=TokenKeys(passage_keys, sentence_keys, entity_keys),
     )
     return out.to(device if index_device is None else index_device)
+
+
+def sentence_spans(texts: Sequence[str], analyses: Sequence, wanted: Sequence[str]) -> list[tuple[int, int, int]]:
+    """Where each of the ``wanted`` sentences first occurs: (passage row, first character, end character) in
+    ``texts`` (IndexConfig.sentence_vectors "passage"). A passage's sentences are stripped pieces of its text in
+    text order (nlp.PassageAnalysis), found in turn from where the previous one ended.
+
+    Parameters
+    ----------
+    texts : sequence of str
+        The analysed passage texts.
+    analyses : sequence of nlp.PassageAnalysis
+        One per text.
+    wanted : sequence of str
+        Sentence strings, each a sentence of some passage.
+
+    Returns
+    -------
+    list of (int, int, int)
+        One span per wanted sentence, in its order. ValueError when a sentence is not found in order in its
+        passage's text, or a wanted sentence in none.
+    """
+    need = {s: None for s in wanted}
+    todo = len(need)
+    for row, (text, a) in enumerate(zip(texts, analyses)):
+        cursor = 0
+        for sent in a.sentences:
+            pos = text.find(sent, cursor)
+            if pos < 0:
+                raise ValueError(f"passage {row}: sentence {sent[:60]!r} is not in its text after character {cursor}")
+            cursor = pos + len(sent)
+            if sent in need and need[sent] is None:
+                need[sent] = (row, pos, cursor)
+                todo -= 1
+        if not todo:
+            break
+    missing = [s for s, v in need.items() if v is None]
+    if missing:
+        raise ValueError(f"sentence {missing[0][:60]!r} is in no passage")
+    return [need[s] for s in wanted]
+
+
+def _embed_one_pass(encoder, texts, analyses, new_sentences, old_texts, old_sentences, old_keys, progress):
+    """(passage vectors, passage token hashes, sentence vectors, sentence token hashes) of new passages and
+    sentences, every passage encoded once (Encoder.encode_with_spans) and its new sentences' vectors taken from
+    that pass; the hashes as embed_texts gives them (old + new)."""
+    def hashes(strings):
+        return torch.tensor([token_hash(k) for k in encoder.token_keys(list(strings))], dtype=torch.int64)
+
+    spans = sentence_spans(texts, analyses, new_sentences)
+    passage_emb, sentence_emb = encoder.encode_with_spans(texts, spans, progress=progress, desc="embed passages")
+    old_p = old_keys.passages if old_keys.passages is not None else hashes(old_texts)
+    old_s = old_keys.sentences if old_keys.sentences is not None else hashes(old_sentences)
+    return (passage_emb.float().cpu(), torch.cat([old_p.to(torch.int64).cpu(), hashes(texts)]),
+            sentence_emb.float().cpu(), torch.cat([old_s.to(torch.int64).cpu(), hashes(new_sentences)]))
 
 
 def delete_passages(index: TriGraphIndex, ids: Iterable[PassageId]) -> TriGraphIndex:

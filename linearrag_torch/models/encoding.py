@@ -12,6 +12,7 @@ import importlib.util
 import json
 import warnings
 from array import array
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from pathlib import Path
 from typing import Optional, Protocol, Sequence
@@ -42,21 +43,48 @@ ENCODE_TOKEN_BUDGET_GPU = 65536  # a GPU wants large passes (not measured here)
 # its real ones: one question beside its short entity strings (hotpotqa_train100 questions, 2-core CPU: a
 # question with two 4-token strings 5.6 against 7.7 ms; a pass with little padding is faster padded)
 PACK_MIN_PADDED = 1.5
+# encode_with_spans: a text longer than the encoder's window is read in windows that share this fraction of
+# their tokens with the next one, so that every token is read with context on both sides
+WINDOW_OVERLAP = 0.25
 PRECISIONS = ENCODER_PRECISIONS  # IndexConfig.encoder_precision
+# what "auto" runs the encoder in on a CPU without native bf16: int8 was measured against float32 on the three
+# dev sets (docs/tuning.md, "Which CPU gets which precision") and lost more than 0.3 points of recall: not adopted
+AUTO_WITHOUT_BF16 = "float32"
 _AUTOCAST = {"float32": None, "bfloat16": torch.bfloat16}
 
 
 def resolve_precision(precision: str, device) -> str:
-    """"float32" or "bfloat16": ``precision`` itself, or for "auto" bfloat16 where ``device`` has native
-    bf16 (env.native_bf16) and float32 elsewhere."""
+    """What the encoder runs in: ``precision`` itself ("float32", "bfloat16" or "int8"), or for "auto"
+    bfloat16 where ``device`` has native bf16 (env.native_bf16), and elsewhere AUTO_WITHOUT_BF16 on a CPU,
+    float32 on another device. "int8" (dynamically quantised Linear layers, quantize_int8) runs on the CPU
+    only: float32 on another device, with a warning.
+
+    Parameters
+    ----------
+    precision : {"auto", "float32", "bfloat16", "int8"}
+        IndexConfig.encoder_precision.
+    device : str or torch.device
+        Where the encoder runs.
+
+    Returns
+    -------
+    str
+        "float32", "bfloat16" or "int8".
+    """
     if precision not in PRECISIONS:
         raise ValueError(f"encoder precision must be one of {PRECISIONS}, got {precision!r}")
+    dev = torch.device(device)
     if precision == "auto":
-        return "bfloat16" if env.native_bf16(device) else "float32"
-    if precision == "bfloat16" and not env.native_bf16(device):
-        warnings.warn(f"bfloat16 on {torch.device(device)} without native bf16 (AMX-BF16, AVX512-BF16 or CUDA): "
+        if env.native_bf16(dev):
+            return "bfloat16"
+        return AUTO_WITHOUT_BF16 if dev.type == "cpu" else "float32"
+    if precision == "bfloat16" and not env.native_bf16(dev):
+        warnings.warn(f"bfloat16 on {dev} without native bf16 (AMX-BF16, AVX512-BF16 or CUDA): "
                       f"torch emulates it, far slower than float32 (docs/tuning.md, 'Encoder precision')", RuntimeWarning,
                       stacklevel=2)
+    if precision == "int8" and dev.type != "cpu":
+        warnings.warn(f"int8 encoder precision runs on the CPU only: float32 on {dev}", RuntimeWarning, stacklevel=2)
+        return "float32"
     return precision
 
 
@@ -149,9 +177,9 @@ class Encoder:
 
     def __init__(self, name_or_path: str = MINILM_NAMES[0], device="cpu", max_length: int = 256, batch_size: int = 256,
                  autocast="auto", quantize: str | None = None, precision: str | None = None, backend: str = "torch"):
-        """``precision``: IndexConfig.encoder_precision ("auto", "float32" or "bfloat16", see
-        resolve_precision); the transformer then runs under bf16 autocast or in float32, and ``autocast``
-        is ignored. Without it, ``autocast``: the reduced precision the transformer runs in; "auto" = bf16
+        """``precision``: IndexConfig.encoder_precision ("auto", "float32", "bfloat16" or "int8", see
+        resolve_precision); the transformer then runs under bf16 autocast, in float32, or with int8 Linear
+        layers (as ``quantize="int8"``), and ``autocast`` is ignored. Without it, ``autocast``: the reduced precision the transformer runs in; "auto" = bf16
         (or fp16) on CUDA and float32 elsewhere, None = always float32, or a dtype.
         ``quantize``: None (exact float32 weights), "int8" (torch dynamic quantisation of the
         transformer's Linear layers but the feed-forward outputs; CPU only: vectors close to the exact ones)
@@ -159,7 +187,8 @@ class Encoder:
         The int8 encoder runs without autocast whatever ``precision`` says.
         ``backend``: "torch", or "onnx" (the transformer in float32 on ONNX Runtime, CPU only, extra [onnx]:
         the same vectors to float noise, faster for a few texts; see onnx_encoder.py).
-        ``self.precision``: what the transformer runs in ("float32", "bfloat16", "float16")."""
+        ``self.precision``: what the transformer runs in ("float32", "bfloat16", "float16", or "int8" for
+        ``quantize="int8"``)."""
         if quantize not in QUANTIZE_CHOICES:
             raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
         if backend not in ENCODER_BACKENDS:
@@ -182,6 +211,9 @@ class Encoder:
         self.name = name_or_path
         self.device = torch.device(device)
         self.model.to(self.device).eval()
+        resolved = resolve_precision(precision, self.device) if precision is not None else None
+        if resolved == "int8" and quantize is None:
+            quantize = "int8"
         self.quantize = quantize
         if quantize is not None:
             if self.device.type != "cpu":
@@ -190,7 +222,7 @@ class Encoder:
         self.max_length = max_length
         self.batch_size = batch_size
         if precision is not None:
-            autocast = _AUTOCAST[resolve_precision(precision, self.device)]
+            autocast = _AUTOCAST.get(resolved)
         elif autocast == "auto":
             autocast = None
             if self.device.type == "cuda":
@@ -198,7 +230,7 @@ class Encoder:
         if quantize is not None:
             autocast = None  # int8 Linear layers, the rest float32
         self.autocast = autocast
-        self.precision = _precision_name(autocast)
+        self.precision = "int8" if quantize == "int8" else _precision_name(autocast)
         self.backend = backend
         self._session = None
         # the transformer's own forward without its module overhead, bit for bit (bert_forward.py)
@@ -218,6 +250,10 @@ class Encoder:
             raise ValueError(f"an int8 or onnx encoder ({self.quantize or self.backend}) has no {precision} twin: "
                              f"load one")
         twin = copy.copy(self)
+        if resolve_precision(precision, self.device) == "int8":  # a quantised copy of the model
+            twin.model = quantize_int8(self.model)
+            twin.quantize, twin.autocast, twin.precision = "int8", None, "int8"  # (_hidden skips the lean forward)
+            return twin
         twin.autocast = _AUTOCAST[resolve_precision(precision, self.device)]
         twin.precision = _precision_name(twin.autocast)
         return twin
@@ -288,13 +324,104 @@ class Encoder:
                 out = out[torch.tensor(source, device=self.device)]
         return out
 
+    def encode_with_spans(self, texts: Sequence[str], spans: Sequence[tuple], progress: bool = False,
+                          desc: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+        """Texts and pieces of them (their sentences) from one forward pass per text (IndexConfig.sentence_vectors
+        "passage").
+
+        Parameters
+        ----------
+        texts : sequence of str
+            The texts (passages).
+        spans : sequence of (int, int, int)
+            (text row, first character, end character) of each piece: ``texts[row][first:end]``.
+        progress, desc : bool, str
+            A progress bar over the windows.
+
+        Returns
+        -------
+        (torch.Tensor, torch.Tensor)
+            [len(texts), dim] and [len(spans), dim] L2-normalised float32 vectors on the encoder's device. A text's
+            vector is the mean of its token states with the [CLS] and [SEP] of its window: for a text that fits
+            the window (``max_length`` tokens with [CLS] and [SEP]), the vector encode() gives it, to batching
+            noise. A longer text is cut into windows that overlap by WINDOW_OVERLAP of their tokens (token_windows):
+            each token takes its state from the window where it lies farthest from an edge, and the text's vector
+            is the mean over all its tokens, with the first window's [CLS] and the last one's [SEP] (encode()
+            reads only the first window). A piece's vector is the mean of the states of the tokens that overlap
+            its characters (no [CLS] or [SEP]); a piece with no token (only spaces) gets its text's vector.
+        """
+        texts = list(texts)
+        dim = self.dim
+        if not texts:
+            return (torch.empty(0, dim, device=self.device), torch.empty(len(spans), dim, device=self.device))
+        tok = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, truncation=False,
+                             verbose=False)
+        cls_id, sep_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
+        if cls_id is None or sep_id is None:
+            raise ValueError(f"encoder {self.name!r}: its tokenizer has no [CLS]/[SEP] tokens; one-pass sentence "
+                             f"vectors need them (IndexConfig.sentence_vectors='separate' does not)")
+        width = max(1, self.max_length - 2)
+        rows, owner = [], []  # window token ids with [CLS]/[SEP]; (text, first token) of each window
+        for t, ids in enumerate(tok["input_ids"]):
+            for a, b in token_windows(len(ids), width):
+                rows.append((cls_id, *ids[a:b], sep_id))
+                owner.append((t, a))
+        states = [None] * len(rows)
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
+        budget = ENCODE_TOKEN_BUDGET if self.device.type == "cpu" else ENCODE_TOKEN_BUDGET_GPU
+        pad = self.tokenizer.pad_token_id or 0
+        with torch.inference_mode(), tqdm(total=len(rows), desc=desc or "encode", unit="window",
+                                          disable=not progress) as bar:
+            start = 0
+            while start < len(order):
+                n = max(1, min(self.batch_size, budget // len(rows[order[start]])))
+                idx = order[start:start + n]
+                start += len(idx)
+                longest = len(rows[idx[0]])
+                batch = torch.tensor([rows[i] + (pad,) * (longest - len(rows[i])) for i in idx], dtype=torch.int64)
+                mask = torch.tensor([[1] * len(rows[i]) + [0] * (longest - len(rows[i])) for i in idx],
+                                    dtype=torch.int64)
+                pack = len(idx) * longest >= PACK_MIN_PADDED * int(mask.sum())
+                hidden = self._hidden(batch.to(self.device), mask.to(self.device), pack).float()
+                for j, i in enumerate(idx):
+                    states[i] = hidden[j, :len(rows[i])]
+                bar.update(len(idx))
+        text_vecs = torch.empty(len(texts), dim, dtype=torch.float32, device=self.device)
+        token_states = []  # per text: [tokens, dim], each token from its most central window
+        w = 0
+        for t, ids in enumerate(tok["input_ids"]):
+            wins = []
+            while w < len(owner) and owner[w][0] == t:
+                wins.append((owner[w][1], states[w]))
+                w += 1
+            if len(wins) == 1:
+                a, h = wins[0]
+                text_vecs[t] = h.mean(0)
+                token_states.append(h[1:-1])
+                continue
+            per_token = torch.empty(len(ids), dim, dtype=torch.float32, device=self.device)
+            ends = [a + h.shape[0] - 2 for a, h in wins]
+            # window k owns the tokens from the middle of its overlap with window k-1 to the middle of the next one
+            cuts = [0] + [(wins[k + 1][0] + ends[k]) // 2 for k in range(len(wins) - 1)] + [len(ids)]
+            for k, (a, h) in enumerate(wins):
+                per_token[cuts[k]:cuts[k + 1]] = h[1 + cuts[k] - a:1 + cuts[k + 1] - a]
+            token_states.append(per_token)
+            text_vecs[t] = torch.cat([wins[0][1][:1], per_token, wins[-1][1][-1:]]).mean(0)
+        span_vecs = torch.empty(len(spans), dim, dtype=torch.float32, device=self.device)
+        for s, (t, first, end) in enumerate(spans):
+            offsets = tok["offset_mapping"][t]
+            a = bisect_right([o[1] for o in offsets], first)  # first token ending after ``first``
+            b = bisect_left([o[0] for o in offsets], end)  # tokens starting before ``end``
+            span_vecs[s] = token_states[t][a:b].mean(0) if b > a else text_vecs[t]
+        return F.normalize(text_vecs, p=2, dim=1), F.normalize(span_vecs, p=2, dim=1)
+
     def _hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pack: bool = False) -> torch.Tensor:
         """The transformer's last hidden states, by the backend (torch under autocast, or ONNX Runtime).
         ``pack``: the lean forward leaves the padding out of the per-token work (BertForward.packed)."""
         if self._session is not None:
             return onnx_encoder.hidden_states(self._session, input_ids, attention_mask)
         with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
-            if self._lean is not None:
+            if self._lean is not None and self.quantize is None:
                 forward = self._lean.packed if pack else self._lean
                 return forward(input_ids, attention_mask, self.autocast)
             extra = {"token_type_ids": torch.zeros_like(input_ids)} if "token_type_ids" in self.tokenizer.model_input_names else {}
@@ -316,6 +443,43 @@ class Encoder:
         mask = torch.tensor([[1] * len(r) + [0] * (longest - len(r)) for r in rows], dtype=torch.int64)
         pack = len(rows) * longest >= PACK_MIN_PADDED * sum(len(r) for r in rows)
         return self._forward(batch.to(self.device), mask.to(self.device), pack)
+
+
+def token_windows(n: int, width: int, overlap: float = WINDOW_OVERLAP) -> list[tuple[int, int]]:
+    """The windows (first token, end token) that cover ``n`` tokens, each at most ``width`` long, consecutive
+    ones sharing ``overlap`` of ``width`` (at least one token, where width allows); the last one ends at ``n``.
+
+    Parameters
+    ----------
+    n, width : int
+        Tokens to cover; most tokens in a window.
+    overlap : float
+        Fraction of a window shared with the next one.
+
+    Returns
+    -------
+    list of (int, int)
+        One window (the whole) when ``n <= width``; else windows starting every ``width - shared`` tokens, the
+        last one moved back to end at ``n``.
+
+    Examples
+    --------
+    >>> token_windows(5, 8)
+    [(0, 5)]
+    >>> token_windows(10, 4, 0.5)
+    [(0, 4), (2, 6), (4, 8), (6, 10)]
+    """
+    if n <= width:
+        return [(0, n)]
+    shared = min(width - 1, max(1, int(width * overlap))) if width > 1 else 0
+    step = width - shared
+    out = []
+    start = 0
+    while start + width < n:
+        out.append((start, start + width))
+        start += step
+    out.append((n - width, n))
+    return out
 
 
 # ---------------------------------------------------------------- indexing: new texts' vectors

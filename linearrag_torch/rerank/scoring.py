@@ -159,15 +159,23 @@ def fuse(settings: RerankerSettings, logits: torch.Tensor, graph_scores: torch.T
             + settings.w_score * torch.log(ratio.clamp(min=1e-6, max=1.0)))
 
 
+# what "auto" runs the reranker in on a CPU without native bf16 (int8 measured against float32 on the three dev
+# sets: docs/tuning.md, "Which CPU gets which precision")
+AUTO_WITHOUT_BF16 = "float32"
+
+
 def resolve_precision(precision: str, device) -> str:
     """What the cross-encoder runs in on ``device``: "float32"; "bfloat16" (autocast; on CUDA float16 where
     bf16 is not native); "int8" (dynamically quantised Linear layers, CPU only: float32 elsewhere); "auto":
-    bfloat16 where the device computes it natively (env.native_bf16: CUDA, AMX or AVX512-BF16), else float32."""
+    bfloat16 where the device computes it natively (env.native_bf16: CUDA, AMX or AVX512-BF16), else
+    AUTO_WITHOUT_BF16 on a CPU and float32 on another device."""
     if precision not in RERANKER_PRECISIONS:
         raise ValueError(f"reranker precision must be one of {RERANKER_PRECISIONS}, got {precision!r}")
     dev = torch.device(device)
     if precision == "auto":
-        return "bfloat16" if env.native_bf16(dev) else "float32"
+        if env.native_bf16(dev):
+            return "bfloat16"
+        return AUTO_WITHOUT_BF16 if dev.type == "cpu" else "float32"
     if precision == "bfloat16" and dev.type == "cuda" and not env.native_bf16(dev):
         return "float16"
     if precision == "int8" and dev.type != "cpu":
