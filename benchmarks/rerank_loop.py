@@ -196,6 +196,7 @@ def main(argv=None) -> int:
                     help="also each loop size with the set reader of each reranker folder (systems setK, setK_noreach)")
     ap.add_argument("--indexes", nargs="+", type=Path, default=[],
                     help="a built index per --data folder, in order (instead of building or taking one from --cache)")
+    ap.add_argument("--only", nargs="+", default=[], metavar="SYSTEM", help="run only these systems (names as printed)")
     ap.add_argument("--batch", type=int, default=64, help="questions per call")
     ap.add_argument("--png", type=Path, help="write the plot here")
     args = ap.parse_args(argv)
@@ -215,6 +216,11 @@ def main(argv=None) -> int:
             ap.error(f"--rerankers {item}: give NAME=DIR with an existing reranker folder")
         rerankers[name] = folder
     configs = systems(args.loop, args.precisions, rerankers, tuple(args.final_candidates), args.set_reader)
+    if args.only:
+        unknown = sorted(set(args.only) - set(configs))
+        if unknown:
+            ap.error(f"--only: no system {unknown}; the systems: {sorted(configs)}")
+        configs = {k: v for k, v in configs.items() if k in args.only}
     if args.indexes and len(args.indexes) != len(folders):
         ap.error(f"--indexes: {len(args.indexes)} folders for {len(folders)} data folders")
     results["configs"] = {k: {f: v for f, v in c.to_dict().items() if f.startswith("rerank")} for k, c in configs.items()}

@@ -258,7 +258,7 @@ Used with `--rerank --set-reader` (`RetrievalConfig.rerank_set_reader`).
 |---|---|
 | base | none: trained from scratch on the vectors of this folder's cross-encoder (all-MiniLM-L6-v2, Apache-2.0) |
 | data | datasets/train_multihop (1,348 training-split questions: 2WikiMultihopQA, Apache-2.0; HotpotQA, CC BY-SA 4.0; MuSiQue, CC BY 4.0): {facts['trained_questions']} trained, {facts['heldout_questions']} held out (alpha and the threshold fitted there); never the dev sets |
-| candidate sets | mined with the engine's `--rerank` (chain rounds' rerank of 5, the final list's first 10 read, {mining.get('precision', '?')}) over an index of all {mining.get('paragraphs', '?')} training paragraphs; {mining.get('seconds', '?')} s |
+| candidate sets | mined with the engine's `--rerank` (chain rounds' rerank of 5, the final list's first 10 read, {mining.get('precision', '?')}) for {mining.get('mined_questions', '?')} questions over {len(mining.get('indexes', [])) or 1} index(es) of their {mining.get('paragraphs', '?')} paragraphs; {mining.get('seconds', '?')} s |
 | loss | listwise: -log softmax of each gold candidate among the read ones (sets read at 5 and at 10) |
 | optimiser | AdamW lr {facts['lr']}, weight decay 0.01, {facts['epochs']} epochs of {facts['batch']} questions; the classifier: L-BFGS, its label a gold passage among the graph's candidates 6-10 |
 | seed | {facts['seed']} |

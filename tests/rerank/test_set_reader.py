@@ -239,3 +239,32 @@ def test_the_read_mask_scores_only_the_read_pairs(small_rag, small_questions, ti
     assert sorted(rr.indices[0, :3].tolist()) == [3, 5, 8] and rr.indices[0, 3:].tolist() == [1, 0, 2]
     assert rr.scores[0, 3:].max() < rr.scores[0, :3].min() and torch.isfinite(rr.scores).all()
     assert sorted(rr.indices[1].tolist()) == sorted(idx[1].tolist())
+
+
+def test_cli_train_set_reader_end_to_end(small_rag, tiny_chain_reranker_dir, tmp_path, capsys, monkeypatch):
+    """`linearrag train-set-reader` on a tiny file: the mining index built, the sets cached (a second run trains
+    from the cache), OUT/model a reranker folder with its set reader that the engine loads."""
+    from test_rerank import _training_rows
+
+    from conftest import write_jsonl
+    from linearrag_torch import models
+    from linearrag_torch.cli import main
+    from linearrag_torch.rerank.set_train import load_sets
+
+    monkeypatch.setattr(models, "load_nlp", lambda cfg: small_rag.nlp)
+    monkeypatch.setattr(models, "load_encoder", lambda cfg, device, *a, **k: small_rag.encoder)
+    train_file = write_jsonl(tmp_path / "train.jsonl", _training_rows())
+    args = ["train-set-reader", "--train", str(train_file), "--out", str(tmp_path / "out"), "--reranker",
+            str(tiny_chain_reranker_dir), "--epochs", "2", "--dim", "16", "--precision", "float32", "--quiet",
+            "--device", "cpu"]
+    assert main(args) == 0, capsys.readouterr().err
+    report = json.loads(capsys.readouterr().out)
+    sets, info = load_sets(tmp_path / "out/sets")
+    assert sets["rows"].shape == (8, 10) and sets["vectors"].shape == (8, 10, 32) and info["mined_questions"] == 8
+    assert sets["gold"].sum(1).le(1).all() and sets["gold"].any()  # one gold paragraph a question
+    reader = load_set_reader(tmp_path / "out/model")
+    assert reader is not None and reader.alpha == report["alpha"]
+    assert "seed | 0" in (tmp_path / "out/model/SET_READER.md").read_text()
+    assert Reranker.load(tmp_path / "out/model").set_reader is not None
+    assert main(args) == 0
+    assert "mined sets loaded from" in capsys.readouterr().err
