@@ -136,7 +136,8 @@ def run(args) -> int:
     if model.exists():
         shutil.rmtree(model)
     shutil.copytree(folder, model)
-    save_set_reader(reader, model, card(facts, mining))
+    command = "linearrag train-set-reader " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    save_set_reader(reader, model, card(facts, mining, command))
     print(json.dumps({"model": str(model), "heldout": facts["heldout"], "alpha": facts["alpha"],
                       "reach_threshold": facts["reach_threshold"]}, indent=2))
     return 0

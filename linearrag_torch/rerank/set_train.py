@@ -240,7 +240,7 @@ def train_set_reader(sets: dict, train_ix, held_ix, settings, *, dim: int = 64, 
     return reader, facts
 
 
-def card(facts: dict, mining: dict) -> str:
+def card(facts: dict, mining: dict, command: str | None = None) -> str:
     """SET_READER.md: the set reader's model card."""
     h = facts["heldout"]
     rows = "\n".join(f"| {name} | {v['R@2']} | {v['R@5']} |" for name, v in h.items())
@@ -252,7 +252,7 @@ pointwise fused score, the graph's rank and score and whether the pair was read 
 the candidates attend to each other ({facts['layers']} layer(s), width {facts['dim']}, {facts['heads']} heads) and adds
 {facts['alpha']} x its correction to the pointwise fused score. A logistic classifier on the question's embedding
 picks the questions whose first 10 candidates are read instead of 5 (threshold {facts['reach_threshold']}).
-Used with `--rerank --set-reader` (`RetrievalConfig.rerank_set_reader`).
+Used with `--rerank --rerank-set-reader` (`RetrievalConfig.rerank_set_reader`).
 
 | | |
 |---|---|
@@ -262,7 +262,7 @@ Used with `--rerank --set-reader` (`RetrievalConfig.rerank_set_reader`).
 | loss | listwise: -log softmax of each gold candidate among the read ones (sets read at 5 and at 10) |
 | optimiser | AdamW lr {facts['lr']}, weight decay 0.01, {facts['epochs']} epochs of {facts['batch']} questions; the classifier: L-BFGS, its label a gold passage among the graph's candidates 6-10 |
 | seed | {facts['seed']} |
-| time | {facts['train_seconds']} s of training (after the mining) on {mining.get('device', '?')} |
+| time | {facts['train_seconds']} s of training (after {mining.get('seconds', '?')} s of mining) on {mining.get('device', '?')}, torch {mining.get('torch', '?')}, {mining.get('torch_threads', '?')} thread(s) |
 
 Held-out training questions (R@2 / R@5 of the mined lists, percent):
 
@@ -270,5 +270,5 @@ Held-out training questions (R@2 / R@5 of the mined lists, percent):
 |---|---|---|
 {rows}
 
-Reproduce: `{mining.get('command', 'linearrag train-set-reader --train questions.jsonl --out DIR')}`.
+Reproduce: `{command or mining.get('command', 'linearrag train-set-reader --train questions.jsonl --out DIR')}`.
 """

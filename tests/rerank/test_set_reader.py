@@ -268,3 +268,18 @@ def test_cli_train_set_reader_end_to_end(small_rag, tiny_chain_reranker_dir, tmp
     assert Reranker.load(tmp_path / "out/model").set_reader is not None
     assert main(args) == 0
     assert "mined sets loaded from" in capsys.readouterr().err
+
+
+def test_the_set_reader_reads_the_host_as_often_for_any_batch(small_rag, small_questions, set_reader_dir):
+    """With the set reader and its reach (the loop on), Trace.host_reads (less the PageRank's steps) is the same
+    for 3 and for 6 questions: the batch stays on the device, whatever the number read at 10."""
+    qs = [q["question"] for q in small_questions]
+    cfg = small_rag.config.replace(rerank=True, reranker=str(set_reader_dir), rerank_set_reader=True, top_k=5,
+                                   rerank_loop_candidates=5)
+    reads = {}
+    for B in (3, 6):
+        enc = small_rag.encode_queries(qs[:B], cfg)
+        engine.retrieve(small_rag.graph, enc, cfg)  # warm
+        _, tr = engine.retrieve(small_rag.graph, enc, cfg, trace=True)
+        reads[B] = tr.host_reads - len(tr.ppr_steps)
+    assert reads[3] == reads[6], reads
