@@ -63,10 +63,11 @@ def fitting_set(train_file: Path, out: Path, heldout_only: bool = False) -> Path
 
 
 def systems(loops: list[int], precisions: list[str], rerankers: dict | None = None,
-            final_candidates: tuple = ()) -> dict:
+            final_candidates: tuple = (), set_reader: bool = False) -> dict:
     """{name: config}: the graph alone, then per reranker (the shipped one, then each of ``rerankers``, {name:
     folder}), precision and final-list candidates (the default, then each of ``final_candidates``: names end in
-    ``_cK``) the final-list rerank and each loop size."""
+    ``_cK``) the final-list rerank and each loop size; with ``set_reader``, each loop size also with the set reader
+    (``setK``: its reach classifier on, ``setK_noreach``: off)."""
     base = RetrievalConfig()
     out = {"graph": base}
     default = base.rerank_candidates
@@ -80,6 +81,10 @@ def systems(loops: list[int], precisions: list[str], rerankers: dict | None = No
                 for k in loops:
                     if k > 0:
                         out[f"loop{k}{tag}"] = cfg.replace(rerank_loop_candidates=k)
+                        if set_reader and c == default:
+                            out[f"set{k}{tag}"] = cfg.replace(rerank_loop_candidates=k, rerank_set_reader=True)
+                            out[f"set{k}_noreach{tag}"] = cfg.replace(rerank_loop_candidates=k, rerank_set_reader=True,
+                                                                      rerank_reach=0)
     return out
 
 
@@ -187,6 +192,11 @@ def main(argv=None) -> int:
                     help="retrained rerankers compared beside the shipped one (systems rerank_NAME, loopK_NAME)")
     ap.add_argument("--final-candidates", nargs="+", type=int, default=[], metavar="K",
                     help="also rerank K candidates of the final list (rerank_candidates; systems ending in _cK)")
+    ap.add_argument("--set-reader", action="store_true",
+                    help="also each loop size with the set reader of each reranker folder (systems setK, setK_noreach)")
+    ap.add_argument("--indexes", nargs="+", type=Path, default=[],
+                    help="a built index per --data folder, in order (instead of building or taking one from --cache)")
+    ap.add_argument("--only", nargs="+", default=[], metavar="SYSTEM", help="run only these systems (names as printed)")
     ap.add_argument("--batch", type=int, default=64, help="questions per call")
     ap.add_argument("--png", type=Path, help="write the plot here")
     args = ap.parse_args(argv)
@@ -205,10 +215,22 @@ def main(argv=None) -> int:
         if not sep or not name or not Path(folder).is_dir():
             ap.error(f"--rerankers {item}: give NAME=DIR with an existing reranker folder")
         rerankers[name] = folder
-    configs = systems(args.loop, args.precisions, rerankers, tuple(args.final_candidates))
+    configs = systems(args.loop, args.precisions, rerankers, tuple(args.final_candidates), args.set_reader)
+    if args.only:
+        unknown = sorted(set(args.only) - set(configs))
+        if unknown:
+            ap.error(f"--only: no system {unknown}; the systems: {sorted(configs)}")
+        configs = {k: v for k, v in configs.items() if k in args.only}
+    if args.indexes and len(args.indexes) != len(folders):
+        ap.error(f"--indexes: {len(args.indexes)} folders for {len(folders)} data folders")
     results["configs"] = {k: {f: v for f, v in c.to_dict().items() if f.startswith("rerank")} for k, c in configs.items()}
-    for data in folders:
-        rag, _ = load_or_build(data / "corpus.jsonl", args.cache)
+    for i, data in enumerate(folders):
+        if args.indexes:
+            from linearrag_torch import LinearRAG
+
+            rag = LinearRAG.load(args.indexes[i])
+        else:
+            rag, _ = load_or_build(data / "corpus.jsonl", args.cache)
         results.setdefault("machine", machine_info(rag))
         print(f"{data.name}:", file=sys.stderr)
         results["datasets"][data.name] = run_set(rag, read_questions(str(data / "questions.jsonl")), configs, args.batch)

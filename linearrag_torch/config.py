@@ -142,6 +142,12 @@ class RetrievalConfig:
                                  choices=RERANKER_PRECISIONS)
     reranker: str = _f("", "reranker folder from `linearrag train-reranker` (empty: the model shipped with the "
                            "package)")
+    # the set reader (rerank/set_reader.py; docs/reranker.md, "The set reader")
+    rerank_set_reader: bool = _f(False, "with rerank: order the final list's reranked candidates by the set reader "
+                                        "shipped in the reranker's folder (it reads each question's candidates "
+                                        "together) instead of the pointwise fused score")
+    rerank_reach: int = _f(10, "with rerank_set_reader: candidates read for the questions its reach classifier picks "
+                               "(the others read rerank_candidates; <= rerank_candidates: no reach)")
 
     @classmethod
     def reference_code(cls, **changes) -> "RetrievalConfig":
@@ -209,6 +215,8 @@ class RetrievalConfig:
             raise ValueError(f"reranker_precision must be one of {RERANKER_PRECISIONS}, got {self.reranker_precision!r}")
         if self.rerank_loop_candidates < 0:
             raise ValueError(f"rerank_loop_candidates must be >= 0, got {self.rerank_loop_candidates}")
+        if self.rerank_reach < 0:
+            raise ValueError(f"rerank_reach must be >= 0, got {self.rerank_reach}")
         if not -1.0 <= self.chain_prior_floor <= 1.0:
             raise ValueError(f"chain_prior_floor must be in [-1, 1] (a cosine), got {self.chain_prior_floor}")
 

@@ -77,6 +77,11 @@ class CrossEncoder(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.score(self.pooled(input_ids, attention_mask, token_type_ids))
+
+    def pooled(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The pair's vector the head reads: the last hidden states mean-pooled over its tokens ([n, hidden])."""
         mask = attention_mask
         if self.bert.config._attn_implementation == "sdpa":  # the 4-d mask transformers would make, made here: its
             # own check of a 2-d mask (whether it is all ones) reads the device once a pass, a GPU sync each
@@ -84,7 +89,10 @@ class CrossEncoder(torch.nn.Module):
             mask = attention_mask.bool()[:, None, None, :].expand(n, 1, L, L)
         h = self.bert(input_ids=input_ids, attention_mask=mask, token_type_ids=token_type_ids).last_hidden_state
         m = attention_mask.unsqueeze(-1).to(h.dtype)
-        pooled = (h * m).sum(1) / m.sum(1).clamp(min=1.0)
+        return (h * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+    def score(self, pooled: torch.Tensor) -> torch.Tensor:
+        """The logit of each pooled pair vector."""
         # the head as a row-wise product and sum: F.linear to one output takes a matrix-vector kernel for one
         # row and a matrix kernel for several, whose sums differ in the last bits (a score would depend on its pass)
         return (pooled * self.head.weight[0]).sum(-1) + self.head.bias[0]

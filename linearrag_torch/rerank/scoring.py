@@ -32,11 +32,12 @@ class PassageTokens:
     lengths: torch.Tensor  # [P] int64
 
     def score_pairs(self, reranker: "Reranker", q: "QuestionTokens", q_of_pair: torch.Tensor, rows: torch.Tensor,
-                    context: torch.Tensor | None) -> torch.Tensor:
+                    context: torch.Tensor | None, vectors: bool = False):
         """Reranker.pair_logits of the pairs (question q_of_pair[i], passage rows[i], context row context[i]):
         every passage is held here, so every pair is scored here. (A shard of the sharded engine holds only its
-        passages: distributed/engine.py's scores there the pairs it holds and sums the logits over the ranks.)"""
-        return reranker.pair_logits(q, self, q_of_pair, rows, context)
+        passages: distributed/engine.py's scores there the pairs it holds and sums the logits over the ranks.)
+        ``vectors``: (logits, the pairs' pooled vectors) (the set reader's input, rerank/set_reader.py)."""
+        return reranker.pair_logits(q, self, q_of_pair, rows, context, vectors=vectors)
 
 
 class QuestionTokens(NamedTuple):
@@ -63,10 +64,13 @@ class Reranked(NamedTuple):
     graph_scores: torch.Tensor  # [B, K] float32
     graph_ranks: torch.Tensor  # [B, K] int64
     contexts: torch.Tensor | None = None  # [B, K] int64: each candidate's context row (-1: none); None: plain pairs
+    vectors: torch.Tensor | None = None  # [B, K, H] float32: each pair's pooled vector (kept for the set reader)
+    known: torch.Tensor | None = None  # [B, K] bool: the pair's logit was taken from an earlier rerank of the batch
 
     def join(self, other: "Reranked") -> "Reranked":
         """The candidates of both, side by side (the pairs a batch has scored so far: Reranker.rerank's ``known``)."""
-        return Reranked(*(None if a is None else torch.cat([a, b.to(a.device)], 1) for a, b in zip(self, other)))
+        return Reranked(*(None if a is None or b is None else torch.cat([a, b.to(a.device)], 1)
+                          for a, b in zip(self, other)))
 
 
 def tokenize_questions(tokenizer, questions: list[str], settings: RerankerSettings) -> QuestionTokens:
@@ -126,13 +130,17 @@ def pair_inputs(q: QuestionTokens, p: PassageTokens, q_of_pair: torch.Tensor, pa
 
 def _known_logits(indices: torch.Tensor, contexts: torch.Tensor | None, known: Reranked):
     """For candidates ``indices`` [B, K] with their ``contexts`` (None: plain pairs): the logit of each pair that
-    ``known`` holds (the same question, passage and context; anything where it holds none) and a [B, K] bool,
-    True where it holds none."""
+    ``known`` holds (the same question, passage and context; anything where it holds none), a [B, K] bool, True
+    where it holds none, and the pairs' vectors from ``known`` ([B, K, H]; None where it keeps none)."""
     same = indices.unsqueeze(2) == known.indices.to(indices.device).unsqueeze(1)  # [B, K, K']
     if contexts is not None:
         same &= contexts.unsqueeze(2) == known.contexts.to(indices.device).unsqueeze(1)
     where = same.to(torch.uint8).argmax(2)
-    return known.logits.to(indices.device).gather(1, where), ~same.any(2)
+    vecs = None
+    if known.vectors is not None:
+        v = known.vectors.to(indices.device)
+        vecs = v.gather(1, where.unsqueeze(2).expand(-1, -1, v.shape[2]))
+    return known.logits.to(indices.device).gather(1, where), ~same.any(2), vecs
 
 
 def _filled(x: torch.Tensor, fill: int) -> torch.Tensor:
@@ -211,6 +219,8 @@ class Reranker:
         # on a CPU, where the pairs are the cost and reading their count back is a memory read; a GPU would
         # wait for the device to read it, for passes it runs in a fraction of the graph's time
         self.reuse_logits = self.device.type == "cpu"
+        # the set reader (rerank/set_reader.py) shipped beside the model in its folder, when there is one
+        self.set_reader = None
         self._autocast = None
         if self.precision == "int8":  # in a copy: the caller's model stays as it is
             self.model = CrossEncoder(quantize_int8(self.model.bert), self.model.head).eval()
@@ -225,7 +235,11 @@ class Reranker:
         """From a reranker folder (default: the one shipped with the package); see models.reranker.load_model.
         ``precision``: RERANKER_PRECISIONS (resolve_precision)."""
         model, tok, settings = load_model(folder)
-        return cls(model, tok, settings, device, tokens_per_pass, folder, precision)
+        out = cls(model, tok, settings, device, tokens_per_pass, folder, precision)
+        from .set_reader import load_set_reader  # deferred: set_reader imports this module
+
+        out.set_reader = load_set_reader(folder, out.device)
+        return out
 
     # ----------------------------------------------------------------- tokens
     def question_tokens(self, questions: list[str]) -> QuestionTokens:
@@ -247,16 +261,19 @@ class Reranker:
     # ----------------------------------------------------------------- scoring
     @torch.inference_mode()
     def pair_logits(self, q: QuestionTokens, p: PassageTokens, q_of_pair: torch.Tensor,
-                    passage_of_pair: torch.Tensor, context_of_pair: torch.Tensor | None = None) -> torch.Tensor:
+                    passage_of_pair: torch.Tensor, context_of_pair: torch.Tensor | None = None, vectors: bool = False):
         """The cross-encoder's logit of each (question, passage) pair, in passes of rows_per_pass pairs each, the
         last filled with copies of its first pair (the module's docstring) (``context_of_pair``: each pair's
-        context passage row, -1 none, for a chain-aware model)."""
+        context passage row, -1 none, for a chain-aware model). ``vectors``: (logits, each pair's pooled vector
+        [n, hidden] float32), the vectors the logits are read from."""
         L = self.settings.max_length
         n = q_of_pair.numel()
         per_pass = self.rows_per_pass
         out = torch.empty(-(-n // per_pass) * per_pass, dtype=torch.float32, device=self.device)
+        vecs = torch.empty(out.numel(), self.model.head.weight.shape[1], dtype=torch.float32,
+                           device=self.device) if vectors else None
         if n == 0:
-            return out
+            return (out, vecs) if vectors else out
         sep = self.tokenizer.sep_token_id
         fill = out.numel() - n  # (sizes from shapes: no host copy)
         if fill:
@@ -267,8 +284,13 @@ class Reranker:
             ids, mask, types = pair_inputs(q, p, q_of_pair[s:s + per_pass], passage_of_pair[s:s + per_pass], L, sep,
                                            self.tokenizer.pad_token_id or 0, ctx, self.settings.context_tokens)
             with torch.autocast(self.device.type, dtype=self._autocast, enabled=self._autocast is not None):
-                out[s:s + per_pass] = self.model(ids, mask, types).float()
-        return out[:n]
+                if vectors:
+                    pooled = self.model.pooled(ids, mask, types)
+                    out[s:s + per_pass] = self.model.score(pooled).float()
+                    vecs[s:s + per_pass] = pooled.float()
+                else:
+                    out[s:s + per_pass] = self.model(ids, mask, types).float()
+        return (out[:n], vecs[:n]) if vectors else out[:n]
 
     @property
     def rows_per_pass(self) -> int:
@@ -276,33 +298,67 @@ class Reranker:
         return max(1, self.tokens_per_pass // self.settings.max_length)
 
     def rerank(self, q: QuestionTokens, p: PassageTokens, indices: torch.Tensor, scores: torch.Tensor,
-               known: Reranked | None = None) -> Reranked:
+               known: Reranked | None = None, vectors: bool = False, read: torch.Tensor | None = None,
+               set_reader=None) -> Reranked:
         """Reorder each question's candidates (``indices``/``scores`` [B, K], the graph's order) by the fused
         score. A candidate row of -1 (no passage) stays last. ``p``: the passages' tokens (PassageTokens, or a
         shard's, which scores the pairs it holds: PassageTokens.score_pairs). ``known``: pairs of the same
         questions scored before (the chain rounds' reranks of this batch); where ``reuse_logits`` is set, a pair
         read there with the same context takes its logit from there instead of a pass (the same bits: every pass
-        has one shape)."""
+        has one shape).
+
+        The set reader (rerank/set_reader.py): ``vectors`` keeps each pair's pooled vector in the result (for a
+        later rerank of the batch that reads the set); ``read`` [B, K] bool: the candidates to score (the others
+        are not read and follow the read ones in the graph's order; None: all); ``set_reader``: a SetReader whose
+        score, over each question's read candidates together, orders them instead of the pointwise fused score."""
         B, K = indices.shape
         q = q.to(self.device)
         indices, scores = indices.to(self.device), scores.to(self.device, torch.float32)
         q_of_pair = torch.arange(B, device=self.device).repeat_interleave(K)
         missing = indices < 0
+        vectors = vectors or set_reader is not None
         ctx = chain_context(indices) if self.settings.context_tokens else None
         rows, flat_ctx = indices.clamp(min=0).reshape(-1), None if ctx is None else ctx.reshape(-1)
-        if known is not None and self.reuse_logits:
-            logits, new = _known_logits(indices, ctx, known)
-            new = torch.nonzero(new.reshape(-1)).squeeze(1)  # the pairs not scored before (their count: a host read)
-            logits = logits.reshape(-1).index_put(
-                (new,), p.score_pairs(self, q, q_of_pair[new], rows[new], None if ctx is None else flat_ctx[new]))
-            logits = logits.view(B, K)
+        from_loop, vecs = None, None
+        if known is not None and (self.reuse_logits or vectors):
+            logits, new, known_vecs = _known_logits(indices, ctx, known)
+            from_loop = ~new & ~missing
+            if not self.reuse_logits or (vectors and known_vecs is None):
+                new = torch.ones_like(new)
         else:
-            logits = p.score_pairs(self, q, q_of_pair, rows, flat_ctx).view(B, K)
-        fused = fuse(self.settings, logits, scores).masked_fill(missing, float("-inf"))
+            logits, new, known_vecs = torch.zeros(B, K, device=self.device), torch.ones_like(missing), None
+        if read is not None:
+            read = read.to(self.device) & ~missing
+            new = new & read
+        if known is not None and self.reuse_logits or read is not None:
+            new = torch.nonzero(new.reshape(-1)).squeeze(1)  # the pairs not scored before (their count: a host read)
+            got = p.score_pairs(self, q, q_of_pair[new], rows[new], None if ctx is None else flat_ctx[new],
+                                **({"vectors": True} if vectors else {}))
+            if vectors:
+                got, got_vecs = got
+                vecs = (torch.zeros(B * K, got_vecs.shape[1], device=self.device) if known_vecs is None
+                        else known_vecs.reshape(B * K, -1)).index_put((new,), got_vecs).view(B, K, -1)
+            logits = logits.reshape(-1).index_put((new,), got).view(B, K)
+        else:
+            got = p.score_pairs(self, q, q_of_pair, rows, flat_ctx, **({"vectors": True} if vectors else {}))
+            if vectors:
+                got, vecs = got[0], got[1].view(B, K, -1)
+            logits = got.view(B, K)
+        unread = missing if read is None else ~read
+        fused = fuse(self.settings, logits, scores).masked_fill(unread, float("-inf"))
+        if set_reader is not None:
+            fused = set_reader.score(vecs, logits, fused, scores, from_loop, ~unread)
+        if read is not None:  # the candidates not read: after the read ones, in the graph's order (a stable sort)
+            floor = fused.masked_fill(unread, float("inf")).amin(1, keepdim=True)
+            fused = torch.where(unread & ~missing, torch.where(torch.isfinite(floor), floor, 0.0) - 1.0, fused)
         order = torch.sort(fused, dim=1, descending=True, stable=True).indices
         ranks = torch.arange(K, device=self.device).expand(B, K)
+
+        def sort(x):
+            return None if x is None else x.gather(1, order if x.dim() == 2 else order.unsqueeze(2).expand_as(x))
+
         return Reranked(indices.gather(1, order), fused.gather(1, order), logits.gather(1, order),
-                        scores.gather(1, order), ranks.gather(1, order), None if ctx is None else ctx.gather(1, order))
+                        scores.gather(1, order), ranks.gather(1, order), sort(ctx), sort(vecs), sort(from_loop))
 
     def predict(self, pairs: list[tuple[str, str]], contexts: list[str | None] | None = None) -> list[float]:
         """The cross-encoder's logit of each (question, passage text) pair (like sentence-transformers'

@@ -326,9 +326,10 @@ class TorchBackend(PartChain):
     def pair_rerank(self, queries, ranking, cfg):
         return self.graph.pair_rerank(queries, ranking, cfg)
 
-    def learned_rerank(self, queries, ranking, cfg, candidates, known=None):
+    def learned_rerank(self, queries, ranking, cfg, candidates, known=None, **set_reading):
         reranker = self.graph.reranker(cfg.reranker, cfg.reranker_precision)
-        return rerank_stage.apply(reranker, self.graph.rerank_passages(reranker), queries, ranking, candidates, known)
+        return rerank_stage.apply(reranker, self.graph.rerank_passages(reranker), queries, ranking, candidates, known,
+                                  **set_reading)
 
     @property
     def num_entities(self) -> int:

@@ -22,11 +22,20 @@ def enabled(cfg: RetrievalConfig) -> bool:
     return bool(cfg.rerank)
 
 
-def apply(reranker, passage_tokens, queries: EncodedQueries, graph_out: Retrieved, candidates: int, known=None):
+def reach(cfg: RetrievalConfig) -> int:
+    """Candidates read for the questions the set reader's reach classifier picks (0: no reach)."""
+    return cfg.rerank_reach if cfg.rerank_set_reader and cfg.rerank_reach > cfg.rerank_candidates else 0
+
+
+def apply(reranker, passage_tokens, queries: EncodedQueries, graph_out: Retrieved, candidates: int, known=None,
+          vectors: bool = False, set_reader: bool = False, reach: int = 0):
     """(Retrieved in the fused order with the fused scores, the Reranked detail) for the graph's ranking
     ``graph_out`` of ``queries`` (which must carry their reranker tokens: LinearRAG.encode_queries does so
     when its config has rerank): its first ``candidates`` reordered, the rest as they are. ``known``: the
-    Reranked pairs of the batch's earlier reranks (Reranker.rerank takes their logits again)."""
+    Reranked pairs of the batch's earlier reranks (Reranker.rerank takes their logits again). ``vectors``: keep
+    the pairs' pooled vectors (for a later set reader). ``set_reader``: order the candidates by the reranker's set
+    reader (rerank/set_reader.py), which reads ``reach`` candidates (> ``candidates``; 0: none) for the questions
+    its reach classifier picks."""
     tokens = queries.rerank_tokens
     if tokens is None:
         raise ValueError("rerank=True needs the questions' reranker tokens: encode the questions with "
@@ -34,8 +43,21 @@ def apply(reranker, passage_tokens, queries: EncodedQueries, graph_out: Retrieve
     if tokens.ids.shape[0] != graph_out.indices.shape[0]:
         raise ValueError(f"reranker tokens for {tokens.ids.shape[0]} questions, a ranking of "
                          f"{graph_out.indices.shape[0]}")
+    sr, read = None, None
+    if set_reader:
+        sr = reranker.set_reader
+        if sr is None:
+            raise ValueError(f"rerank_set_reader=True: the reranker folder {reranker.folder or '(the packaged one)'} "
+                             "holds no set reader (set_reader.json)")
+        if reach > candidates and graph_out.indices.shape[1] > candidates:
+            K = min(reach, graph_out.indices.shape[1])
+            wants = sr.wants_reach(queries.query_emb.to(reranker.device))  # [B] bool
+            cols = torch.arange(K, device=reranker.device)
+            read = (cols < candidates) | wants.unsqueeze(1)
+            candidates = K
     K = min(candidates, graph_out.indices.shape[1])
-    rr = reranker.rerank(tokens, passage_tokens, graph_out.indices[:, :K], graph_out.scores[:, :K], known)
+    rr = reranker.rerank(tokens, passage_tokens, graph_out.indices[:, :K], graph_out.scores[:, :K], known,
+                         vectors=vectors, read=None if read is None else read[:, :K], set_reader=sr)
     tail = graph_out.indices[:, K:].to(rr.indices.device), graph_out.scores[:, K:].to(rr.scores.device, torch.float32)
     return Retrieved(torch.cat([rr.indices, tail[0]], 1), torch.cat([rr.scores, tail[1]], 1)), rr
 

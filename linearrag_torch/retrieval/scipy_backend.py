@@ -226,12 +226,12 @@ class ScipyBackend(LocalChain):
     def pair_rerank(self, queries, ranking, cfg):
         return pair_rerank(self.index, queries, ranking, cfg, self.prepared["passage_emb"])
 
-    def learned_rerank(self, queries, ranking, cfg, candidates, known=None):
+    def learned_rerank(self, queries, ranking, cfg, candidates, known=None, **set_reading):
         if self._reranker is None:
             raise ValueError("rerank=True on the scipy backend needs its reranker: use LinearRAG.retrieve(..., "
                              "backend='scipy') or pass scipy_backend.retrieve(..., reranker=...)")
         reranker, passages = self._reranker(cfg)
-        out, rr = rerank_stage.apply(reranker, passages, queries, ranking, candidates, known)
+        out, rr = rerank_stage.apply(reranker, passages, queries, ranking, candidates, known, **set_reading)
         return Retrieved(out.indices.cpu(), out.scores.cpu()), rr
 
     @property

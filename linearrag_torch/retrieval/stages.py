@@ -140,7 +140,7 @@ class Stage:
 # ------------------------------------------------------------------------------------------------- depths
 def final_depth(cfg: RetrievalConfig) -> int:
     """Passages per question the stages after the graph need: top_k, the learned rerank's candidates, the pairs'."""
-    k = max(cfg.top_k, cfg.rerank_candidates) if rerank_stage.enabled(cfg) else cfg.top_k
+    k = max(cfg.top_k, cfg.rerank_candidates, rerank_stage.reach(cfg)) if rerank_stage.enabled(cfg) else cfg.top_k
     return max(k, cfg.pair_candidates) if pairs.enabled(cfg) else k
 
 
@@ -194,7 +194,8 @@ def chain_round(be: Backend, b: Batch) -> None:
 def round_rerank(be: Backend, b: Batch) -> None:
     """The reranker in the loop: the last round's top ``rerank_loop_candidates`` reordered by the fused score, so
     that the chain's next sources and the passages it keeps are the reranker's (rerank_stage.loop_order)."""
-    _, rr = be.learned_rerank(b.queries, b.round, b.cfg, loop_candidates(b.cfg), b.scored)
+    _, rr = be.learned_rerank(b.queries, b.round, b.cfg, loop_candidates(b.cfg), b.scored,
+                              **({"vectors": True} if b.cfg.rerank_set_reader else {}))
     b.scored = rr if b.scored is None else b.scored.join(rr)
     b.round = rerank_stage.loop_order(b.round, rr)
     b.ranking = b.round if b.before is None else \
@@ -212,7 +213,9 @@ def pair_stage(be: Backend, b: Batch) -> None:
 
 
 def learned_rerank(be: Backend, b: Batch) -> None:
-    b.ranking, rr = be.learned_rerank(b.queries, b.ranking, b.cfg, b.cfg.rerank_candidates, b.scored)
+    b.ranking, rr = be.learned_rerank(b.queries, b.ranking, b.cfg, b.cfg.rerank_candidates, b.scored,
+                                      **({"set_reader": True, "reach": rerank_stage.reach(b.cfg)}
+                                         if b.cfg.rerank_set_reader else {}))
     if b.traced:
         b.trace.rerank = rr
 

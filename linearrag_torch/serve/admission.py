@@ -64,9 +64,12 @@ def question_cost(chars: int, top_k: int, rerank: bool, pairs: int = RERANK_PAIR
 
 def rerank_pairs(cfg) -> int:
     """The pairs the reranker reads for one question with the retrieval settings ``cfg`` (a RetrievalConfig): the
-    final list's candidates, and the loop's in each chain round."""
+    final list's candidates (at most the set reader's reach, ``rerank_reach``, with ``rerank_set_reader``), and the
+    loop's in each chain round."""
     loop = cfg.rerank_loop_candidates * cfg.chain_rounds if cfg.chain_passages > 0 else 0
-    return cfg.rerank_candidates + loop
+    final = max(cfg.rerank_candidates, cfg.rerank_reach) if getattr(cfg, "rerank_set_reader", False) \
+        else cfg.rerank_candidates
+    return final + loop
 
 
 def request_cost(questions, top_k: int, rerank: bool) -> float:

@@ -31,3 +31,13 @@ def test_rerank_loop_counts_the_pairs_the_cross_encoder_reads(small_rag, small_q
     assert got["graph"]["pairs_per_question"] == 0
     assert got["rerank"]["pairs_per_question"] == 5
     assert 5 < got["loop5"]["pairs_per_question"] < 10
+
+
+def test_rerank_loop_names_the_set_reader_systems():
+    from benchmarks.rerank_loop import systems
+
+    got = systems([5], ["auto"], set_reader=True)
+    assert sorted(got) == ["graph", "loop5_auto", "rerank_auto", "set5_auto", "set5_noreach_auto"]
+    assert got["set5_auto"].rerank_set_reader and got["set5_auto"].rerank_loop_candidates == 5
+    assert got["set5_auto"].rerank_reach == 10 and got["set5_noreach_auto"].rerank_reach == 0
+    assert not got["loop5_auto"].rerank_set_reader
