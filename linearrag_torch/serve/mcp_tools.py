@@ -17,6 +17,7 @@ import logging
 from typing import Optional
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError  # the SDK's: an error result with this text
 
 from .front import HTTPError
 from .keys import OPEN
@@ -27,10 +28,6 @@ log = logging.getLogger("linearrag.serve")
 INSTRUCTIONS = ("LinearRAG graph retrieval over named indexes of passages. Call list_indexes to see the indexes, "
                 "then search (top passages for a question), explain (how each passage was reached: the question's "
                 "entities, the graph's activation) or answer (an answer from the server's chat model).")
-
-
-class ToolError(Exception):
-    """Raised by a tool; the SDK answers it as an error result with this text."""
 
 
 def _principal(store: Store, ctx: Optional[Context]):

@@ -127,9 +127,12 @@ class IndexHost(LocalEngineHost):
 class Store:
     """Named indexes served in one process (see the module's docstring). ``paths``: index folders or folders of
     index folders (``discover``); ``root``: where created indexes go (default: the one folder of index folders
-    given, if any). ``keys``: the API keys (serve/keys.py; default: --keys-file, else --api-key, else open)."""
+    given, if any). ``keys``: the API keys (serve/keys.py; default: --keys-file, else --api-key, else open).
+    ``models``: a loaded LinearRAG whose models the indexes share (an application that has them already; default:
+    the first index loaded brings them)."""
 
-    def __init__(self, paths=(), settings: ServeSettings | None = None, llm=None, root=None, keys: Keys | None = None):
+    def __init__(self, paths=(), settings: ServeSettings | None = None, llm=None, root=None, keys: Keys | None = None,
+                 models=None):
         self.settings = s = settings or ServeSettings()
         self.llm = llm
         found, default_root = discover(paths)
@@ -147,6 +150,7 @@ class Store:
         self.on_fatal = None  # (the CLI's hook: a store keeps serving the indexes that loaded)
         self._tasks: list[asyncio.Task] = []
         self._admin_lock: asyncio.Lock | None = None
+        self.models = models
 
     # ------------------------------------------------------------------ the shared batcher
     def _run_batch(self, key, questions):
@@ -206,7 +210,8 @@ class Store:
 
     def models_source(self, skip=None):
         """A loaded LinearRAG whose models a new index may share (None: none yet)."""
-        return next((h.rag for h in self.hosts.values() if h is not skip and h.rag is not None and h.ready), None)
+        return next((h.rag for h in self.hosts.values() if h is not skip and h.rag is not None and h.ready),
+                    self.models)
 
     async def _load(self, host: IndexHost) -> None:
         host.status, host.load_error, host.ready = "loading", None, False

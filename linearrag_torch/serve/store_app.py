@@ -460,8 +460,8 @@ class StoreAdmission:
         await early.admitted(scope, receive, send)
 
 
-class _DocsAuth:
-    """The OpenAPI pages need a known key too (any role)."""
+class _KeyGate:
+    """The OpenAPI pages and the MCP endpoint need a known key too (any role; the MCP tools then check its scope)."""
 
     def __init__(self, app, store: Store):
         self.app, self.store = app, store
@@ -469,7 +469,8 @@ class _DocsAuth:
     async def __call__(self, scope, receive, send):
         from .app import DOC_PATHS
 
-        if scope["type"] == "http" and scope["path"] in DOC_PATHS:
+        if scope["type"] == "http" and (scope["path"] in DOC_PATHS or scope["path"] == "/mcp"
+                                        or scope["path"].startswith("/mcp/")):
             auth = dict(scope["headers"]).get(b"authorization")
             if self.store.principal(auth) is None:
                 err = unauthorized()
@@ -517,7 +518,7 @@ def create_store_app(store: Store, early_admission: bool = True, mcp: bool | Non
     if early_admission:
         app.add_middleware(StoreAdmission, store=store)
     if not store.keys.open:
-        app.add_middleware(_DocsAuth, store=store)
+        app.add_middleware(_KeyGate, store=store)
     app.state.linearrag = store
     return app
 

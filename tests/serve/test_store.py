@@ -53,8 +53,8 @@ def ids_of(resp):
 class Served:
     """A store served in a thread: ``url``, ``store``."""
 
-    def __init__(self, paths, keys=None, **settings):
-        self.store = Store(paths, ServeSettings(**{"mcp": False, **settings}), keys=keys)
+    def __init__(self, paths, keys=None, models=None, **settings):
+        self.store = Store(paths, ServeSettings(**{"mcp": False, **settings}), keys=keys, models=models)
         self._cm = running(create_store_app(self.store))
 
     def __enter__(self):
@@ -73,11 +73,11 @@ def root(small_rag, small_index_dir, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ indexes by name
-def test_indexes_by_name_answer_each_as_its_own_index_with_the_models_loaded_once(root, small_questions):
+def test_indexes_by_name_answer_each_as_its_own_index_with_the_models_loaded_once(root, small_questions, small_rag):
     folder, alpha, beta = root
     qs = [q["question"] for q in small_questions]
     batches = []
-    with Served([folder]) as srv:
+    with Served([folder], models=small_rag) as srv:
         srv.store.batcher.on_batch = (lambda f: lambda st: (batches.append((st.key[0], st.size)), f(st)))(
             srv.store.batcher.on_batch)
         listing = httpx.get(srv.url + "/v1/indexes").json()["indexes"]
@@ -110,7 +110,7 @@ def test_indexes_by_name_answer_each_as_its_own_index_with_the_models_loaded_onc
 def test_one_index_as_a_store_keeps_todays_routes(small_rag, small_index_dir, small_questions, tmp_path):
     folder = copy_index(small_index_dir, tmp_path / "solo")
     qs = [q["question"] for q in small_questions[:3]]
-    with Served([folder]) as srv:
+    with Served([folder], models=small_rag) as srv:
         assert ids_of(httpx.post(srv.url + "/v1/search", json={"questions": qs}, timeout=TIMEOUT)) == \
             hits_of(small_rag, qs) == ids_of(httpx.post(srv.url + "/v1/indexes/solo/search", json={"questions": qs},
                                                         timeout=TIMEOUT))
@@ -122,7 +122,7 @@ def test_one_index_as_a_store_keeps_todays_routes(small_rag, small_index_dir, sm
 def test_writes_over_http_equal_the_library_and_are_on_disk(root, small_rag, tmp_path):
     folder, alpha, _ = root
     want = LinearRAG(TriGraphIndex.load(folder / "alpha"), "cpu").share_models_from(small_rag).add(NEW_A + NEW_B)
-    with Served([folder]) as srv, httpx.Client(timeout=TIMEOUT) as c:
+    with Served([folder], models=small_rag) as srv, httpx.Client(timeout=TIMEOUT) as c:
         base = srv.url + "/v1/indexes/alpha"
         # concurrent writers to one index are serialised, none lost
         bodies = [{"passages": [p]} for p in NEW_A + NEW_B]
@@ -171,9 +171,9 @@ def test_writes_over_http_equal_the_library_and_are_on_disk(root, small_rag, tmp
 
 
 # ------------------------------------------------------------------------------------------ admin
-def test_create_load_unload_drop(root):
+def test_create_load_unload_drop(root, small_rag):
     folder, _, _ = root
-    with Served([folder]) as srv, httpx.Client(timeout=TIMEOUT) as c:
+    with Served([folder], models=small_rag) as srv, httpx.Client(timeout=TIMEOUT) as c:
         r = c.post(srv.url + "/v1/indexes", json={"name": "gamma"})
         assert r.status_code == 201 and r.json()["counts"]["passages"] == 0, r.text
         assert c.post(srv.url + "/v1/indexes", json={"name": "gamma"}).status_code == 409
@@ -224,7 +224,7 @@ TABLE = {
 }
 
 
-def test_keys_by_index_and_role_table(root, tmp_path):
+def test_keys_by_index_and_role_table(root, tmp_path, small_rag):
     folder, _, _ = root
     secrets = {name: f"key-{name}-0123456789" for name in KEYS}
     (tmp_path / "keys.json").write_text(json.dumps({"keys": [
@@ -235,7 +235,7 @@ def test_keys_by_index_and_role_table(root, tmp_path):
     def h(name):
         return {} if name is None else {"Authorization": f"Bearer {secrets[name] if name in secrets else name}"}
 
-    with Served([folder], keys=keys) as srv, httpx.Client(timeout=TIMEOUT) as c:
+    with Served([folder], keys=keys, models=small_rag) as srv, httpx.Client(timeout=TIMEOUT) as c:
         got = {}
         for (method, route, body), want in TABLE.items():
             for key, statuses in want.items():
