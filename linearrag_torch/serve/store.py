@@ -316,8 +316,8 @@ class Store:
                     before = host.rag.index.summary()
                     try:
                         index, files = await self.batcher.call_for((host.name,), compute, host.rag)
-                    except _Invalid as exc:
-                        raise HTTPError(422, [{"type": "value_error", "loc": exc.loc, "msg": exc.msg}],
+                    except _Invalid as exc:  # ids that conflict with the index: 409, as the schema cannot say it
+                        raise HTTPError(409, [{"type": "id_conflict", "loc": exc.loc, "msg": exc.msg}],
                                         "invalid") from None
                     await asyncio.to_thread(storage.write, host.index_dir, *files)  # fsynced before the commit
                     fingerprint = index_fingerprint(host.index_dir)
@@ -458,7 +458,7 @@ class Store:
 
 
 class _Invalid(Exception):
-    """A write's input the index refuses (computed on the engine thread): 422 naming ``loc``."""
+    """A write's ids the index refuses (found on the engine thread): 409 naming ``loc``."""
 
     def __init__(self, loc: list, msg: str):
         super().__init__(msg)

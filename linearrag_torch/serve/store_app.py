@@ -56,15 +56,44 @@ def _not_blank(text: str) -> str:
     return text
 
 
+def _utf8(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("not writable as UTF-8 (a lone surrogate)") from None
+    return text
+
+
+def inline_refs(schema: dict) -> dict:
+    """A model's JSON Schema with its $defs put in place of their $refs (an OpenAPI request body inlined in an
+    operation cannot point at #/$defs)."""
+    defs = schema.pop("$defs", {})
+
+    def walk(x):
+        if isinstance(x, dict):
+            ref = x.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return walk(dict(defs[ref.rsplit("/", 1)[1]]))
+            return {k: walk(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        return x
+
+    return walk(schema)
+
+
 def write_models(s) -> tuple:
     """(AddPassages, DeletePassages, CreateIndex): the write and admin bodies with this server's limits."""
-    PassageId = Union[StrictInt, Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS)]]
+    PassageId = Union[Annotated[StrictInt, Field(ge=-2 ** 63, le=2 ** 63 - 1)],
+                      Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS), AfterValidator(_utf8)]]
     Passage = create_model(
         "PassageIn", __config__=ConfigDict(extra="forbid", strict=True),
         id=(Optional[PassageId], Field(None, description="the passage's id (default: its position in the index); "
                                                          "new to the index (7 and \"7\" are the same id)")),
-        title=(str, Field("", max_length=s.max_passage_chars, description="the passage's title")),
-        text=(Annotated[str, Field(min_length=1, max_length=s.max_passage_chars), AfterValidator(_not_blank)],
+        title=(Annotated[str, AfterValidator(_utf8)], Field("", max_length=s.max_passage_chars,
+                                                             description="the passage's title")),
+        text=(Annotated[str, Field(min_length=1, max_length=s.max_passage_chars),
+                        AfterValidator(_not_blank), AfterValidator(_utf8)],
               Field(description="the passage's text (not blank)")))
     add = create_model("AddPassages", __config__=ConfigDict(extra="forbid", strict=True),
                        passages=(list[Passage], Field(min_length=1, max_length=s.max_write_passages,
@@ -122,16 +151,22 @@ def _validate(model, body):
 
 
 def _duplicates(ids: list, field: str) -> None:
-    """422 naming the first id given twice (7 and "7" are one id)."""
+    """409 naming the first id given twice (7 and "7" are one id): ids that conflict, as with an id the index holds
+    (a schema cannot say which ids are one)."""
     seen = {}
     for i, pid in enumerate(ids):
         if pid is None:
             continue
         if str(pid) in seen:
             loc = ["body", field, i, "id"] if field == "passages" else ["body", field, i]
-            raise HTTPError(422, [{"type": "value_error", "loc": loc,
+            raise HTTPError(409, [{"type": "id_conflict", "loc": loc,
                                    "msg": f"id {pid!r} is given twice (first at {seen[str(pid)]})"}], "invalid")
         seen[str(pid)] = i
+
+
+def _items(schema: dict) -> list:
+    """The item schemas of a body schema's list properties."""
+    return [p["items"] for p in schema.get("properties", {}).values() if isinstance(p.get("items"), dict)]
 
 
 class _BodyReader:
@@ -150,8 +185,9 @@ def _responses(s, keys: bool, *codes: str, retry: bool = False) -> dict:
     text = {"400": "bad request", "401": "missing or wrong API key (send 'Authorization: Bearer KEY')",
             "403": "the key's role may not do this", "404": "no such index, or one this key may not see",
             "408": f"the body was not received within {s.body_timeout:g} s",
-            "409": "the index's state forbids it (unloaded, being written by another process, exists, no store "
-                   "folder)", "413": f"the body is over {s.max_body_bytes} bytes",
+            "409": "the index's state forbids it: unloaded, being written by another process, exists, no store "
+                   "folder; for a write, ids that conflict (an id given twice or already in the index, an id to "
+                   "delete not in it, nothing left after a delete: one item per id, naming it; nothing is written)", "413": f"the body is over {s.max_body_bytes} bytes",
             "422": "invalid JSON or a body the schema refuses: one item per field (nothing is written)",
             "429": "overloaded (the index's admission); sent after a short delay",
             "500": "the engine failed (detail names the request id)",
@@ -228,8 +264,13 @@ def store_router(store: Store) -> APIRouter:
     read_codes = ("401", "404", "408", "409", "413", "422", "429", "500", "503", "504")
 
     def body_of(model, schema=None):
+        if schema is None:
+            schema = inline_refs(model.model_json_schema())
+            for item in _items(schema):  # a passage's text is not blank: the pattern the search's questions have
+                if "text" in item.get("properties", {}):
+                    item["properties"]["text"]["pattern"] = schemas.NOT_BLANK
         return {"requestBody": {"required": True, "description": f"at most {s.max_body_bytes} bytes of JSON (413)",
-                                "content": {"application/json": {"schema": schema or model.model_json_schema()}}}}
+                                "content": {"application/json": {"schema": schema}}}}
 
     search_body = body_of(None, schemas.request_schema(schemas.search_request_model(s)))
 
@@ -460,6 +501,28 @@ class StoreAdmission:
         await early.admitted(scope, receive, send)
 
 
+class _MethodGate:
+    """405 with every method of the path in Allow: Starlette answers a method no route of a path takes with the
+    methods of the first such route only (``/v1/indexes`` has GET and POST, ``/v1/indexes/{name}`` GET and
+    DELETE, each a route of its own)."""
+
+    def __init__(self, app, routes):
+        self.app = app
+        self.routes = [(r.path_regex, set(r.methods)) for r in routes if getattr(r, "methods", None)]
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            allowed = set()
+            for regex, methods in self.routes:
+                if regex.match(scope["path"]):
+                    allowed |= methods
+            if allowed and scope["method"] not in allowed:
+                resp = JSONResponse({"detail": "Method Not Allowed"}, status_code=405,
+                                    headers={"Allow": ", ".join(sorted(allowed))})
+                return await resp(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
 class _KeyGate:
     """The OpenAPI pages and the MCP endpoint need a known key too (any role; the MCP tools then check its scope)."""
 
@@ -512,9 +575,11 @@ def create_store_app(store: Store, early_admission: bool = True, mcp: bool | Non
                   **({"docs_url": None, "redoc_url": None} if local_docs else {}))
     if local_docs:
         add_doc_pages(app)
-    app.include_router(store_router(store))
+    router = store_router(store)
+    app.include_router(router)
     if mcp_server is not None:
         app.mount("/mcp", mcp_app)
+    app.add_middleware(_MethodGate, routes=list(router.routes))
     if early_admission:
         app.add_middleware(StoreAdmission, store=store)
     if not store.keys.open:

@@ -145,22 +145,26 @@ def test_writes_over_http_equal_the_library_and_are_on_disk(root, small_rag, tmp
         assert got[0][0] == "load-a1" and got[2][0] == "load-b1"
         fingerprint = (folder / "alpha" / "index.json").read_bytes()
         # bad input: 422 naming the field, nothing written
-        bad = [({"passages": [{"id": "n1", "text": " "}]}, ["body", "passages", 0, "text"]),
-               ({"passages": [{"id": "n1", "text": "a"}, {"id": "n1", "text": "b"}]}, ["body", "passages", 1, "id"]),
-               ({"passages": [{"id": "load-a1", "text": "again"}]}, ["body", "passages"]),
-               ({"passages": [{"id": "n2", "text": "x" * 20001}]}, ["body", "passages", 0, "text"]),
-               ({"passages": []}, ["body", "passages"]),
-               ({"passages": [{"id": True, "text": "a"}]}, ["body", "passages", 0, "id"]),
-               ({"passages": [{"text": "a", "colour": "red"}]}, ["body", "passages", 0, "colour"])]
-        for body, loc in bad:
-            r = c.post(base + "/passages", json=body)
-            assert r.status_code == 422, (body, r.text)
+        # (ids that conflict, which no schema can say: 409; the rest 422)
+        bad = [({"passages": [{"id": "n1", "text": " "}]}, ["body", "passages", 0, "text"], 422),
+               ({"passages": [{"id": "n1", "text": "a"}, {"id": "n1", "text": "b"}]}, ["body", "passages", 1, "id"],
+                409),
+               ({"passages": [{"id": 7, "text": "a"}, {"id": "7", "text": "b"}]}, ["body", "passages", 1, "id"], 409),
+               ({"passages": [{"id": "load-a1", "text": "again"}]}, ["body", "passages"], 409),
+               ({"passages": [{"id": "n2", "text": "x" * 20001}]}, ["body", "passages", 0, "text"], 422),
+               ({"passages": []}, ["body", "passages"], 422),
+               ({"passages": [{"id": True, "text": "a"}]}, ["body", "passages", 0, "id"], 422),
+               ({"passages": [{"id": "n3", "text": "a\ud800"}]}, ["body", "passages", 0, "text"], 422),
+               ({"passages": [{"text": "a", "colour": "red"}]}, ["body", "passages", 0, "colour"], 422)]
+        for body, loc, status in bad:
+            r = c.post(base + "/passages", content=json.dumps(body), headers={"content-type": "application/json"})
+            assert r.status_code == status, (body, r.text)
             assert any(e["loc"][:len(loc)] == loc for e in r.json()["detail"]), (loc, r.json())
         r = c.post(base + "/passages", content=b'{"passages": [', headers={"content-type": "application/json"})
         assert r.status_code == 422 and r.json()["detail"][0]["type"] == "json_invalid"
         r = c.post(base + "/passages/delete", json={"ids": ["load-a1", "no-such-id"]})
-        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "ids", 1]
-        assert r.status_code == 422 and "no-such-id" in r.json()["detail"][0]["msg"]
+        assert r.status_code == 409 and r.json()["detail"][0]["loc"] == ["body", "ids", 1]
+        assert "no-such-id" in r.json()["detail"][0]["msg"]
         assert (folder / "alpha" / "index.json").read_bytes() == fingerprint  # nothing written
         # delete: back to the index before the writes
         r = c.post(base + "/passages/delete", json={"ids": [p["id"] for p in NEW_A + NEW_B]})
@@ -213,8 +217,8 @@ TABLE = {
         {None: (401, 401), "read-a": (200, 404), "write-a": (200, 404), "admin-a": (200, 404), "admin-all": (200, 200)},
     ("POST", "passages", '{"passages": [{"text": "   "}]}'):  # (blank: 422 once allowed, nothing written)
         {None: (401, 401), "read-a": (403, 404), "write-a": (422, 404), "admin-a": (422, 404), "admin-all": (422, 422)},
-    ("POST", "passages/delete", '{"ids": ["no-such-id"]}'):
-        {None: (401, 401), "read-a": (403, 404), "write-a": (422, 404), "admin-a": (422, 404), "admin-all": (422, 422)},
+    ("POST", "passages/delete", '{"ids": ["no-such-id"]}'):  # (an id not in the index: 409 once allowed)
+        {None: (401, 401), "read-a": (403, 404), "write-a": (409, 404), "admin-a": (409, 404), "admin-all": (409, 409)},
     ("POST", "load", None):
         {None: (401, 401), "read-a": (403, 404), "write-a": (403, 404), "admin-a": (200, 404), "admin-all": (200, 200)},
     ("POST", "unload", None):  # then loaded again by the next row's admin keys
