@@ -82,6 +82,7 @@ class Server:
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
+                self.stop(signal.SIGKILL)
                 raise RuntimeError("the server did not become ready")
             time.sleep(0.2)
 
@@ -137,7 +138,7 @@ def run_memory(args) -> dict:
                 f"{idx['memory']['index_tensors_bytes'] / 2**20:.0f} MiB")
         finally:
             srv.stop()
-    srv = Server(args.indexes).wait()
+    srv = Server(args.indexes, log_path=args.server_log).wait()
     try:
         for path in args.indexes:
             search_some(srv.url, Path(path).resolve().name, questions)
@@ -270,7 +271,7 @@ def run_kill(args) -> dict:
     for trial in range(args.trials):
         if nxt >= len(batches):
             break
-        srv = Server([folder]).wait()
+        srv = Server([folder], log_path=args.server_log).wait(args.start_timeout)
         delay = rng.uniform(0.0, args.max_delay)
         sent, acked, answered = [], [], threading.Event()
 
@@ -446,6 +447,7 @@ def main(argv=None) -> int:
     k.add_argument("--batch", type=int, default=10)
     k.add_argument("--max-delay", type=float, default=12.0)
     k.add_argument("--seed", type=int, default=0)
+    k.add_argument("--start-timeout", type=float, default=1800.0, help="seconds a server may take to load")
     f = sub.add_parser("fairness")
     f.add_argument("--indexes", nargs=2, required=True)
     f.add_argument("--questions", required=True)
@@ -453,6 +455,7 @@ def main(argv=None) -> int:
     f.add_argument("--clients", type=int, default=8)
     for s in (m, g, k, f):
         s.add_argument("--out")
+        s.add_argument("--server-log", help="append the servers' output to this file")
     args = p.parse_args(argv)
     run = {"memory": run_memory, "ingest": run_ingest, "kill": run_kill, "fairness": run_fairness}[args.mode]
     t0 = time.time()
