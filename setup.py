@@ -7,6 +7,9 @@ EXTRAS = {
     # `linearrag serve`: ASGI app, server, metrics; httpx is the HTTP client of the tests, benchmarks and adapters
     # fastapi-offline: the /docs page's scripts and styles, served by the server itself (no CDN)
     "serve": ["fastapi>=0.110", "uvicorn>=0.29", "prometheus-client>=0.20", "httpx>=0.27", "fastapi-offline>=1.7"],
+    # `linearrag mcp` and the server's /mcp/ endpoint: the official Model Context Protocol SDK (serve/mcp_tools.py,
+    # written against its 2.x MCPServer API)
+    "mcp": ["mcp>=2.3"],
     "gen": ["openai>=1.30"],  # answers from any OpenAI-compatible chat-completions endpoint
     "langchain": ["langchain-core>=0.2"],
     "llamaindex": ["llama-index-core>=0.10"],
@@ -26,7 +29,7 @@ EXTRAS = {
 }
 # everything optional that installs from PyPI wheels (torch-scatter compiles, Triton is CI's own pin; docs is a
 # tool for writing the site, not a part of the library)
-EXTRAS["all"] = sorted({r for k in ("serve", "gen", "langchain", "llamaindex", "haystack", "bench", "ray", "onnx") for r in EXTRAS[k]})
+EXTRAS["all"] = sorted({r for k in ("serve", "mcp", "gen", "langchain", "llamaindex", "haystack", "bench", "ray", "onnx") for r in EXTRAS[k]})
 
 setup(
     name="linearrag_torch",

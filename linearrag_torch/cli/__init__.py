@@ -1,4 +1,4 @@
-"""Command line: `linearrag index | add | delete | convert | query | serve | answer | demo | train-reranker |
+"""Command line: `linearrag index | add | delete | convert | query | serve | mcp | answer | demo | train-reranker |
 train-set-reader` (run
 `linearrag COMMAND --help`). One module per command, each with its ``add_parser(sub)`` and ``run(args)``;
 ``flags.py`` makes the flags from the settings dataclasses (each field's help and default: config.py,
@@ -14,10 +14,11 @@ from .. import __version__, env
 def commands() -> dict:
     """command -> its module, in the order `linearrag --help` lists them (imported here, not with the package:
     distributed/ imports common.py without the commands)."""
-    from . import add, answer, convert, delete, demo, index, query, serve, train_reranker, train_set_reader  # deferred: see above
+    from . import (add, answer, convert, delete, demo, index, mcp, query, serve, train_reranker,  # deferred: see above
+                   train_set_reader)
 
     return {"index": index, "add": add, "delete": delete, "convert": convert, "query": query, "serve": serve,
-            "answer": answer, "demo": demo, "train-reranker": train_reranker,
+            "mcp": mcp, "answer": answer, "demo": demo, "train-reranker": train_reranker,
             "train-set-reader": train_set_reader}
 
 

@@ -1,4 +1,6 @@
-"""`linearrag serve INDEX_DIR`: serve an index over HTTP (serve/), or on Ray Serve with --ray (serve/ray_app.py)."""
+"""`linearrag serve INDEX_DIR`: serve an index over HTTP (serve/), or on Ray Serve with --ray (serve/ray_app.py);
+`linearrag serve PATH...` with several index folders, a folder of index folders, --store or --keys-file: serve them
+as a store (serve/store.py: indexes by name, writes over HTTP, keys by index and role, the MCP endpoint)."""
 from __future__ import annotations
 
 import errno
@@ -21,8 +23,13 @@ def add_parser(sub) -> None:
                                     "page at /docs. SIGTERM answers the requests in flight, then exits 0. With --ray: "
                                     "the same routes on Ray Serve, --replicas N (or --autoscale MIN,MAX) engine "
                                     "replicas, one per GPU where the cluster has GPUs (pip install "
-                                    "'linearrag_torch[ray]').")
-    sv.add_argument("index_dir", metavar="INDEX_DIR")
+                                    "'linearrag_torch[ray]'). Several INDEX_DIRs, a folder of index folders, --store "
+                                    "or --keys-file: a store, each index under its folder's name at "
+                                    "/v1/indexes/NAME/search, passages added and deleted over HTTP, the admin API, "
+                                    "keys by index and role, MCP at /mcp/ (docs/serving.md, 'The server as a "
+                                    "store').")
+    sv.add_argument("index_dir", metavar="INDEX_DIR", nargs="+",
+                    help="an index folder, or a folder of index folders (a store's folder: created indexes go there)")
     add_flags(sv.add_argument_group("server settings"), ServeSettings)
     add_flags(sv.add_argument_group("Ray Serve (--ray)", "replicas of the engine on a Ray cluster"), RaySettings)
     add_llm_flags(sv)  # optional: POST /v1/answer needs a chat model
@@ -46,24 +53,42 @@ def _check_port(host: str, port: int) -> None:
         raise ValueError(f"cannot serve on {host}:{port}: {exc.strerror or exc}{hint}") from None
 
 
+def is_store(args) -> bool:
+    """Whether `serve` runs a store: several paths, a path that is a folder of index folders, --store, --keys-file."""
+    from pathlib import Path
+
+    paths = args.index_dir
+    return len(paths) > 1 or not (Path(paths[0]) / "index.json").is_file() or bool(args.store) or \
+        bool(args.keys_file)
+
+
 def run(args) -> int:
     try:
         from ..serve.app import serve  # deferred: the 'serve' extra (fastapi, uvicorn)
     except ImportError as exc:
         raise ValueError(f"serving needs the 'serve' extra: pip install 'linearrag_torch[serve]' ({exc})") from None
     ray_settings = settings_from_args(RaySettings, args)
+    if is_store(args):
+        if ray_settings.ray:
+            raise ValueError("--ray serves one index folder; a store (several folders, --store, --keys-file) runs "
+                             "in this process")
+        from ..serve.store import discover
+        from ..serve.store_app import serve_store
+
+        require_encoder_backend(getattr(args, "encoder_backend", "torch"))
+        found, _ = discover(args.index_dir)  # a clear error now for a path that is neither
+        if not found and len(args.index_dir) > 1:
+            raise ValueError(f"no index folder in {' '.join(args.index_dir)}")
+        _check_port(args.host, args.port)
+        return serve_store(args.index_dir, settings_from_args(ServeSettings, args), _llm(args))
+    args.index_dir = args.index_dir[0]
     if not ray_settings.ray and ray_settings != RaySettings():
         raise ValueError("the Ray Serve settings (--replicas, --autoscale, ...) need --ray")
     open_index_dir(args.index_dir)  # a clear error now for a folder that holds no index
     require_encoder_backend(getattr(args, "encoder_backend", "torch"))
     if not (ray_settings.ray and ray_settings.ray_address):  # a remote cluster's nodes bind it, not this one
         _check_port(args.host, args.port)
-    llm = None
-    if args.llm_base_url or args.llm_model or env.LLM_BASE_URL.get():
-        try:
-            llm = llm_from_args(args)
-        except LLMError as exc:  # no model, say: status 2
-            raise ValueError(str(exc)) from None
+    llm = _llm(args)
     if ray_settings.ray:
         try:
             from ray import serve as _  # noqa: F401
@@ -76,3 +101,13 @@ def run(args) -> int:
         return serve_ray(os.path.abspath(args.index_dir), settings_from_args(ServeSettings, args), ray_settings,
                          llm_factory)
     return serve(args.index_dir, settings_from_args(ServeSettings, args), llm)
+
+
+def _llm(args):
+    """The chat model of POST /v1/answer from the flags, or None."""
+    if args.llm_base_url or args.llm_model or env.LLM_BASE_URL.get():
+        try:
+            return llm_from_args(args)
+        except LLMError as exc:  # no model, say: status 2
+            raise ValueError(str(exc)) from None
+    return None

@@ -74,6 +74,7 @@ class BatchStats:
     error: BaseException | None = None
     work: float | None = None  # work units of the batch (None: not counted; a question is one)
     heavy_work: float = 0.0  # ... of them, those of heavy requests' parts
+    key: Hashable = None  # the batch's key (its settings; in a store, the index's name first)
 
 
 class Batcher:
@@ -87,7 +88,7 @@ class Batcher:
     def __init__(self, run_batch: RunBatch, max_batch_size: int = 64, max_wait_ms: float = 0.0,
                  on_batch: Callable[[BatchStats], None] | None = None, gather_ms: float = 0.0,
                  cost: Callable[[Hashable, object], float] | None = None, heavy_share: float | None = None,
-                 heavy_cost: float = float("inf")):
+                 heavy_cost: float = float("inf"), group: Callable[[Hashable], Hashable] | None = None):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_wait_ms < 0 or gather_ms < 0:
@@ -101,6 +102,10 @@ class Batcher:
         self._light_batch_s: float | None = None  # engine seconds of the recent light batches
         self._light_ran_at = float("-inf")  # when the last light batch ended
         self._heavy_inside = 0  # heavy requests submitted and not answered
+        # with ``group`` (a store's indexes: group(key) is the index's name), the engine seconds of each group,
+        # decaying as the classes' do: while several groups wait, a batch starts from the one with the fewest
+        self.group = group
+        self._group_served: dict = {}
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait_ms / 1000.0
         self.gather = gather_ms / 1000.0
@@ -268,10 +273,11 @@ class Batcher:
                         e.future.set_result(results[pos:pos + len(e.questions)])
                 pos += len(e.questions)
             self._account(batch, engine_s, error is None)
+            self.charge(batch[0].key, engine_s)
             if self.on_batch is not None:
                 self.on_batch(BatchStats(len(questions), len(batch), waits, engine_s, error,
                                          sum(e.work for e in batch) if self.cost is not None else None,
-                                         sum(e.work for e in batch if e.heavy)))
+                                         sum(e.work for e in batch if e.heavy), key=batch[0].key))
 
     def _account(self, batch: list[_Entry], engine_s: float, ok: bool) -> None:
         """The engine's seconds of a batch, shared by its entries' classes in proportion to their work (older
@@ -295,6 +301,29 @@ class Batcher:
             self._light_batch_s = engine_s if self._light_batch_s is None else \
                 (1 - PACE_WEIGHT) * self._light_batch_s + PACE_WEIGHT * engine_s
 
+    def charge(self, key: Hashable, engine_s: float) -> None:
+        """Count ``engine_s`` engine seconds to the group of ``key`` (a batch, or other engine work such as a store's
+        write: ``call_for``); every group's earlier seconds decay by the time that passed on the engine."""
+        if self.group is None:
+            return
+        decay = math.exp(-engine_s / SERVED_TAU_S)
+        served = self._group_served
+        for g in list(served):
+            served[g] *= decay
+            if served[g] < 1e-6:
+                del served[g]
+        g = self.group(key)
+        served[g] = served.get(g, 0.0) + engine_s
+
+    async def call_for(self, key: Hashable, fn: Callable, *args):
+        """``call(fn, *args)``, its engine seconds counted to the group of ``key`` (a store's write to an index
+        takes its turn like that index's batches)."""
+        t0 = time.perf_counter()
+        try:
+            return await self.call(fn, *args)
+        finally:
+            self.charge(key, time.perf_counter() - t0)
+
     def _drop_cancelled(self) -> None:
         if any(e.future.done() for e in self._queue):
             kept = deque(e for e in self._queue if not e.future.done())
@@ -304,11 +333,20 @@ class Batcher:
     def _head(self, heavy_below: bool) -> _Entry:
         """The entry the next batch starts from: the oldest one, except that while both classes wait, the oldest
         of the class that has had less than its share of the engine's recent time (heavy_share for the heavy ones):
-        then a heavy request's parts, each up to a batch of work, cannot take the engine from the light ones."""
-        oldest = self._queue[0]
+        then a heavy request's parts, each up to a batch of work, cannot take the engine from the light ones.
+        With groups (a store's indexes), the entries considered are first those of the waiting group that has had
+        the fewest recent engine seconds: a busy index cannot starve a quiet one, whose questions wait for at most
+        about one batch of each other index."""
+        queue = self._queue
+        if self.group is not None:
+            waiting = {self.group(e.key) for e in queue}
+            if len(waiting) > 1:
+                least = min(waiting, key=lambda g: self._group_served.get(g, 0.0))
+                queue = [e for e in queue if self.group(e.key) == least]
+        oldest = queue[0]
         if self.heavy_share is None:
             return oldest
-        return next((e for e in self._queue if e.heavy == heavy_below), oldest)
+        return next((e for e in queue if e.heavy == heavy_below), oldest)
 
     def _heavy_below_share(self) -> bool:
         """Whether the heavy requests have had less than their share of the engine's recent time."""

@@ -457,10 +457,15 @@ class EarlyAdmission:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in SEARCH_ROUTES or (
                 scope["path"] == "/v1/answer" and self.front.llm is None):
             return await self.app(scope, receive, send)
+        if not self.front.authorized(scope):
+            return await self.app(scope, receive, send)  # the route answers 401
+        await self.admitted(scope, receive, send)
+
+    async def admitted(self, scope, receive, send) -> None:
+        """The app for a search or answer request its caller has let through (route, key): admitted by the front
+        or refused from its headers (a store's middleware, serve/store.py, calls this with each index's front)."""
         front = self.front
         rid = request_id(scope)
-        if not front.authorized(scope):
-            return await self.app(scope, receive, send)  # the route answers 401
         t0 = time.perf_counter()
         deadline = None
         try:

@@ -81,6 +81,17 @@ class ServeSettings:
                              "index's setting, off unless it was built with --rerank)")
     reranker: str | None = _f(None, "reranker folder from `linearrag train-reranker` (default: the model shipped with "
                                     "the package); requests cannot choose a folder", type=str)
+    store: bool = _f(False, "serve the index folders as a store even when one is given: each under its folder's name "
+                            "at /v1/indexes/NAME/..., passages added and deleted over HTTP, the admin routes (implied "
+                            "by several folders, a folder of index folders, or --keys-file; docs/serving.md)")
+    keys_file: str | None = _f(None, "a JSON file of hashed API keys, each scoped to indexes with a role (read, write, "
+                                     "admin): serve/keys.py, docs/serving.md; --api-key stays an admin key over every "
+                                     "index", type=str)
+    max_write_passages: int = _f(64, "store: most passages (or ids) in one write request")
+    max_passage_chars: int = _f(20000, "store: longest passage text (and title) a write may send, in characters")
+    max_indexes: int = _f(32, "store: most indexes served at once (loaded or created)")
+    mcp: bool = _f(True, "store: the MCP endpoint (streamable HTTP) at /mcp/ when the mcp package is installed "
+                         "(extra [mcp])")
     graceful_timeout: float = _f(30.0, "on SIGTERM, seconds to let requests in flight finish")
     log_level: str = _f("info", "uvicorn log level", choices=("critical", "error", "warning", "info", "debug"))
 
@@ -88,7 +99,7 @@ class ServeSettings:
         if self.api_key is None:
             self.api_key = env.API_KEY.get()
         for name in ("max_batch_size", "max_concurrent", "max_body_bytes", "max_questions", "max_question_chars",
-                     "max_top_k", "max_header_bytes"):
+                     "max_top_k", "max_header_bytes", "max_write_passages", "max_passage_chars", "max_indexes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("max_wait_ms", "gather_ms", "watch"):
@@ -116,5 +127,6 @@ class ServeSettings:
         """The settings without secrets (for /info and logs)."""
         d = dataclasses.asdict(self)
         d["api_key"] = "set" if self.api_key else None
+        d["keys_file"] = "set" if self.keys_file else None
         return d
 

@@ -253,3 +253,40 @@ def test_gather_does_not_wait_for_the_rest_of_a_request_in_parts():
     assert len(with_big) >= 4  # in parts
     gaps = [starts[i][0] - starts[i - 1][0] - 0.06 for i in with_big[1:]]
     assert sorted(gaps)[len(gaps) // 2] < 0.008, gaps  # the median gap: no allowance spent waiting
+
+
+def test_groups_share_the_engine_and_a_busy_one_does_not_starve_a_quiet_one():
+    """A store's indexes (group = the key's first part): while a busy index has many batches queued, a quiet
+    index's question goes in the next batch, not after all of them; batches never mix groups."""
+    rec = Recorder(delay=0.02)
+
+    async def main():
+        b = Batcher(rec, max_batch_size=2, max_wait_ms=0, group=lambda key: key[0])
+        b.start()
+        busy = [asyncio.ensure_future(b.submit(("B", "cfg"), [f"b{i}"])) for i in range(40)]
+        await asyncio.sleep(0.05)  # the busy index's queue is long now
+        quiet = await b.submit(("A", "cfg"), ["a0"])
+        position = len(rec.batches)
+        await asyncio.gather(*busy)
+        await b.stop()
+        return quiet, position
+
+    quiet, position = run(main())
+    assert quiet[0][0] == "a0"
+    assert position <= 5, position  # within a batch or two of its arrival, not after the ~20 busy batches
+    assert all(not (any(q.startswith("a") for q in qs) and any(q.startswith("b") for q in qs)) for _, qs in rec.batches)
+    # without groups the same quiet question waits behind the busy queue (FIFO)
+    rec2 = Recorder(delay=0.02)
+
+    async def fifo():
+        b = Batcher(rec2, max_batch_size=2, max_wait_ms=0)
+        b.start()
+        busy = [asyncio.ensure_future(b.submit(("B", "cfg"), [f"b{i}"])) for i in range(40)]
+        await asyncio.sleep(0.05)
+        await b.submit(("A", "cfg"), ["a0"])
+        position = len(rec2.batches)
+        await asyncio.gather(*busy)
+        await b.stop()
+        return position
+
+    assert run(fifo()) > 10
