@@ -265,7 +265,7 @@ class Store:
                 new = read_passages(passages, first_id=rag.index.num_passages, existing_ids=rag.index.passage_ids)
             except InputError as exc:  # an id the index holds (given, or a missing id's default)
                 raise _Invalid(["body", "passages"], str(exc)) from None
-            index = add_passages(rag.index, new, progress=False, nlp=rag.nlp, encoder=rag._passage_encoder(),
+            index = add_passages(rag.index, new, progress=False, nlp=rag.nlp, encoder=rag.models.passage_encoder(),
                                  ids_checked=True)
             return _prepared(rag, index)
 
