@@ -19,7 +19,7 @@ import torch
 
 from .. import kernels
 from ..env import native_half
-from . import pairs, rerank_stage, stages
+from . import ann, local_round, pairs, rerank_stage, stages
 from .activation import (Activation, ActivePairs, ColumnEntries, NearestMemo, dense_seeds, propagate_paper, propagate_reference_pairs,
                          seed_pairs)
 from ..config import RetrievalConfig
@@ -265,7 +265,9 @@ def activate_pairs(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalCo
     known = queries.entity_rows if queries.rows_of is graph.index else None  # stored vectors' rows (pipeline.py)
     # half embeddings: the nearest-entity scan in their dtype, the seed values float32 from there on
     q_ent = queries.entity_emb.to(graph.entity_emb.dtype)
-    nearest = graph.nearest(graph.entity_emb, q_ent, known) if q_ent.shape[0] and graph.entity_emb.shape[0] else None
+    nearest = None
+    if q_ent.shape[0] and graph.entity_emb.shape[0]:  # eq. 3's scan, or the ANN's (cfg.ann; None: the scan)
+        nearest = ann.nearest_entities(graph, q_ent, known, cfg) or graph.nearest(graph.entity_emb, q_ent, known)
     keys, vals = seed_pairs(graph.entity_emb, q_ent, queries.entity_owner, B, known, nearest)
     vals = vals.float()
     sigma = (graph.sentence_emb, queries.query_emb)  # float32 sigma either way (kernels.gather_sigma)
@@ -413,6 +415,8 @@ def graph_round(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfi
 
 def _retrieve_chunk(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool,
                     steps: StepLog | None = None):
+    if local_round.applies(graph, cfg):  # local PageRank with the ANN stage: no [P, B] product
+        return local_round.local_chunk(graph, queries, cfg, trace, steps)
     B = queries.batch_size
     P, E = graph.passage_emb.shape[0], graph.entity_emb.shape[0]
     k = min(cfg.top_k, P)
