@@ -55,6 +55,9 @@ class ShardedEngine:
                              "the sharded engine (it runs the exact PageRank on the dense reset); set "
                              "ppr_mode='exact' and reset_passages=0 (--ppr-mode exact --reset-passages 0), or query "
                              "the index in one process")
+        if cfg.ann != "exact":
+            raise ValueError(f"ann={cfg.ann!r} is not supported by the sharded engine (each shard scans its own "
+                             "vectors exactly); set ann='exact' (--ann exact), or query the index in one process")
         queries = self._stored_vectors(queries.to(self.shard.device))
         return stages.run(self, queries, cfg, trace)
 
