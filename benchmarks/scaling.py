@@ -652,6 +652,18 @@ def report(args, argv, device, malloc_kept, stats, real, generator, sizes, rows)
     return result
 
 
+def merge_size(old: dict, new: dict) -> dict:
+    """A size's entry of a --merge run: the new run's measurements, with the old top-5 agreement kept when this run
+    measured none, and every run's ANN stages listed under "ann_runs" (a first build and later cache reads)."""
+    out = {**old, **new}
+    if not new.get("top5_same_as_exact_percent") and old.get("top5_same_as_exact_percent"):
+        out["top5_same_as_exact_percent"] = old["top5_same_as_exact_percent"]
+    runs = old.get("ann_runs", [old["ann"]] if "ann" in old else [])
+    if "ann" in new:
+        out["ann_runs"] = runs + [new["ann"]]
+    return out
+
+
 def _cpu_caps() -> dict:
     """The instruction-set caps this run had (environment), what torch's precision choice made of them, and the
     FAISS build and SIMD level (the ANN rows)."""
@@ -675,7 +687,7 @@ def main(argv=None) -> int:
     device, malloc_kept, stats, real, generator, sizes, rows = prepare(args)
     for P in args.sizes:  # run
         info, new_rows = run_size(P, stats, args, device, log)
-        sizes[P] = info
+        sizes[P] = merge_size(sizes.get(P, {}), info)
         rows += new_rows
         result = report(args, argv, device, malloc_kept, stats, real, generator, sizes, rows)
     plot(result, args.png or args.json.with_suffix(".png"))
