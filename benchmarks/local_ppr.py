@@ -97,6 +97,8 @@ def run_set(data: Path, index_dir: Path, args) -> dict:
     ref = None
     for rerank in ([True] if args.rerank else [False]):
         for name, changes in settings(args).items():
+            if name != "exact" and args.only and name not in args.only:
+                continue
             cfg = base.replace(rerank=rerank, **changes)
             rag.retrieve(queries.slice(0, min(4, queries.batch_size)), cfg)  # warm-up (operators built)
             t = time.perf_counter()
@@ -174,6 +176,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rerank", action="store_true", help="every setting with the learned reranker (the reference: "
                                                           "the exact mode with it)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--only", nargs="*", default=[], help="run only these settings (their printed names) and 'exact'")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
