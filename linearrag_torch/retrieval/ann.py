@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from ..config import RetrievalConfig
+from .activation import nearest_entities as exact_nearest
 
 # candidates of the ANN per question entity rescored exactly for eq. 3's nearest entity (the quantised scores
 # can swap near neighbours; the exact cosines of a few candidates cannot)
@@ -303,8 +304,6 @@ def nearest_entities(graph, query_entity_emb: torch.Tensor, known: torch.Tensor 
     index. ``known``: as for activation.nearest_entities (those rows are their own answer, not searched). A row
     for which the index finds nothing (an ivf search whose lists are empty) takes the exact scan.
     """
-    from .activation import nearest_entities as exact_nearest
-
     st = stage(graph, "entity", cfg)
     if st is None:
         return None

@@ -416,7 +416,7 @@ def graph_round(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfi
 def _retrieve_chunk(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool,
                     steps: StepLog | None = None):
     if local_round.applies(graph, cfg):  # local PageRank with the ANN stage: no [P, B] product
-        return local_round.local_chunk(graph, queries, cfg, trace, steps)
+        return local_round.local_chunk(graph, queries, cfg, trace, steps, activate_pairs, Trace)
     B = queries.batch_size
     P, E = graph.passage_emb.shape[0], graph.entity_emb.shape[0]
     k = min(cfg.top_k, P)

@@ -30,10 +30,11 @@ def applies(graph, cfg: RetrievalConfig) -> bool:
             and ann.stage(graph, "passage", cfg) is not None)
 
 
-def local_chunk(graph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool, steps=None):
-    """engine._retrieve_chunk for a round where ``applies``: Retrieved (and engine.Trace with ``trace``)."""
-    from .engine import Trace, activate_pairs  # the engine imports this module
+def local_chunk(graph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool, steps, activate_pairs, Trace):
+    """engine._retrieve_chunk for a round where ``applies``: Retrieved (and a Trace with ``trace``).
 
+    ``activate_pairs`` and ``Trace``: the engine's eqs. 3-5 (engine.activate_pairs) and its Trace class, passed
+    by the engine (which imports this module)."""
     part = steps.stage if steps is not None else _no_stage
     B = queries.batch_size
     P, E = graph.passage_emb.shape[0], graph.entity_emb.shape[0]
