@@ -16,7 +16,9 @@ EXTRAS = {
     "haystack": ["haystack-ai>=2.0"],
     "bench": ["matplotlib>=3.7", "bm25s>=0.2", "aiohttp>=3.9"],  # aiohttp: benchmarks.serve's clients
     "scatter": ["torch-scatter>=2.1"],  # optional accelerator; compiles from source
-    "triton": ["triton>=3.0"],  # the CUDA kernels (CUDA torch wheels usually bring it); CPU: interpreter tests
+    "triton": ["triton>=3.0"],
+    # RetrievalConfig.ann "ivf" / "hnsw": FAISS's approximate nearest neighbours (retrieval/ann.py; CPU wheels)
+    "ann": ["faiss-cpu>=1.8"],  # the CUDA kernels (CUDA torch wheels usually bring it); CPU: interpreter tests
     # `linearrag index|add --ray`: NER and encoding on a Ray cluster (ray_build.py); `linearrag serve --ray`:
     # engine replicas on Ray Serve (serve/ray_app.py: late-bound FastAPI ingress, 429 backpressure; tested on 2.60)
     "ray": ["ray[data,serve]>=2.60"],
@@ -29,7 +31,7 @@ EXTRAS = {
 }
 # everything optional that installs from PyPI wheels (torch-scatter compiles, Triton is CI's own pin; docs is a
 # tool for writing the site, not a part of the library)
-EXTRAS["all"] = sorted({r for k in ("serve", "mcp", "gen", "langchain", "llamaindex", "haystack", "bench", "ray", "onnx") for r in EXTRAS[k]})
+EXTRAS["all"] = sorted({r for k in ("serve", "mcp", "gen", "langchain", "llamaindex", "haystack", "bench", "ray", "onnx", "ann") for r in EXTRAS[k]})
 
 setup(
     name="linearrag_torch",

@@ -314,6 +314,69 @@ def mode_configs(args) -> dict:
         else:
             out["torch local"] = RetrievalConfig().replace(ppr_mode="local", reset_passages=args.reset_passages,
                                                            ppr_eps=args.ppr_eps, reset_minmax=args.reset_minmax)
+            for kind in args.ann:  # the local mode with the ANN stage (retrieval/ann.py)
+                out[f"torch local {kind}"] = out["torch local"].replace(
+                    ann=kind, ann_probe=args.ann_probe, ann_lists=args.ann_lists, ann_cache=args.ann_cache or "")
+    return out
+
+
+def ann_stages(graph, index, cfgs: dict, questions: int, seed: int, log) -> dict:
+    """Per ANN setting of ``cfgs``: the build (or cache read) of its entity and passage indexes (seconds, bytes),
+    and on ``questions`` random questions its recall of the exact answers: the share of question entities whose
+    nearest entity (eq. 3) is the exact scan's, and of the exact top reset_passages passages among its
+    candidates (both as the engine uses them, rescored exactly), with each search's ms per question."""
+    from linearrag_torch.retrieval import ann
+    from linearrag_torch.retrieval.activation import nearest_entities
+    from linearrag_torch.retrieval.engine import cosines
+    from linearrag_torch.retrieval.pagerank import top_passages
+
+    out = {}
+    q = random_queries(index, questions, seed=seed)
+    exact_top = None
+    exact_near = None
+    for name, cfg in cfgs.items():
+        if cfg.ann == "exact":
+            continue
+        info = {}
+        for which in ("entity", "passage"):
+            t = time.perf_counter()
+            st = ann.stage(graph, which, cfg)
+            info[which] = {"build_s": st.build_s, "first_use_s": time.perf_counter() - t, "from_cache": st.from_cache,
+                           "bytes": st.nbytes(), "rows": st.rows, "lists": st.lists}
+        with torch.inference_mode():
+            if exact_near is None:
+                t = time.perf_counter()
+                exact_near = nearest_entities(graph.entity_emb, q.entity_emb.to(graph.entity_emb.dtype))[1]
+                exact_scan_s = time.perf_counter() - t
+                t = time.perf_counter()
+                sim = cosines(graph.passage_emb, q.query_emb)
+                exact_top = top_passages(sim, cfg.reset_passages, cfg.reset_minmax)[0]
+                exact_top_s = time.perf_counter() - t
+                del sim
+            t = time.perf_counter()
+            near = ann.nearest_entities(graph, q.entity_emb, None, cfg)[1]
+            near_s = time.perf_counter() - t
+            t = time.perf_counter()
+            cand = ann.passage_candidates(graph, q.query_emb, cfg.reset_passages, cfg, low=cfg.reset_minmax == "global")
+            cand_s = time.perf_counter() - t
+        P = graph.passage_emb.shape[0]
+        want = (torch.arange(questions)[None, :] * P + exact_top).flatten()
+        got = cand.question * P + cand.passage
+        info.update({
+            "questions": questions, "question_entities": int(q.entity_emb.shape[0]),
+            "nearest_entity_recall": float((near == exact_near).float().mean()) if near.numel() else None,
+            "top_m": cfg.reset_passages, "top_m_recall": float(torch.isin(want, got).float().mean()),
+            "ms_per_question": {"ann nearest entities": 1e3 * near_s / questions,
+                                "ann top m": 1e3 * cand_s / questions,
+                                "exact nearest entities": 1e3 * exact_scan_s / questions,
+                                "exact cosines and top m": 1e3 * exact_top_s / questions},
+            "settings": {"ann": cfg.ann, "ann_probe": cfg.ann_probe, "ann_lists": cfg.ann_lists}})
+        out[name] = info
+        log(f"    {name}: entity index {info['entity']['rows']:,} rows, {info['entity']['build_s']:.1f} s"
+            f"{' (cached)' if info['entity']['from_cache'] else ''}, {info['entity']['bytes'] / 2**20:.0f} MiB; passage "
+            f"index {info['passage']['build_s']:.1f} s, {info['passage']['bytes'] / 2**20:.0f} MiB; nearest entity "
+            f"= exact {100 * (info['nearest_entity_recall'] or 0):.1f}%, top {cfg.reset_passages} recall "
+            f"{100 * info['top_m_recall']:.1f}%; ms/question {info['ms_per_question']}")
     return out
 
 
@@ -338,6 +401,8 @@ def run_size(passages, stats, args, device, log):
     rows = []
     common = {"passages": passages, "build_s": info["build_s"], "build_cpu_s": info["build_cpu_s"],
               "index_bytes": info["index_bytes"]}
+    if "torch" in args.backends and args.ann:
+        info["ann"] = ann_stages(graph, index, cfgs, max(args.agreement_questions, 16), args.seed + 7, log)
     if "torch" in args.backends and args.agreement_questions:
         info["top5_same_as_exact_percent"] = top5_agreement(graph, index, cfgs, args.agreement_questions,
                                                             args.seed + 7)
@@ -350,7 +415,7 @@ def run_size(passages, stats, args, device, log):
                            args.max_call_s)
             rows.append({**common, "backend": name, "device": str(device), "batch": batch,
                          "settings": {k: getattr(cfg, k) for k in ("ppr_mode", "reset_passages", "ppr_eps",
-                                                                   "reset_minmax")}, **r})
+                                                                   "reset_minmax", "ann", "ann_probe")}, **r})
             part = f", {r['chunks_timed']} of {r['chunks']} chunks of {r['questions_per_chunk']}" if "chunks" in r else ""
             stages = ", ".join(f"{k} {v:.2f}" for k, v in r["stage_ms_per_question"].items())
             log(f"    {name:<11} {str(device):>5} batch {batch:>5}: {r['queries_per_s']:9.2f} q/s "
@@ -499,6 +564,11 @@ def parse_args(argv=None):
                     help="reset_passages of the local rows")
     ap.add_argument("--reset-minmax", default=RetrievalConfig().reset_minmax, choices=["global", "top"])
     ap.add_argument("--ppr-eps", type=float, default=RetrievalConfig().ppr_eps, help="ppr_eps of the local rows")
+    ap.add_argument("--ann", nargs="*", default=[], choices=["ivf", "hnsw"],
+                    help="also the local rows with these ANN stages (RetrievalConfig.ann; needs faiss)")
+    ap.add_argument("--ann-probe", type=int, default=RetrievalConfig().ann_probe, help="ann_probe of the ANN rows")
+    ap.add_argument("--ann-lists", type=int, default=RetrievalConfig().ann_lists, help="ann_lists of the ANN rows")
+    ap.add_argument("--ann-cache", default=None, help="ann_cache of the ANN rows (a folder; default: build in memory)")
     ap.add_argument("--agreement-questions", type=int, default=64,
                     help="questions on which the local rows' top 5 is compared with the exact mode's (0: none)")
     ap.add_argument("--dim", type=int, default=64, help="embedding dimension of the synthetic corpora")
@@ -570,6 +640,7 @@ def report(args, argv, device, malloc_kept, stats, real, generator, sizes, rows)
         "benchmark": "scaling", "date": datetime.date.today().isoformat(), "machine": {**machine(device, args.threads),
                                                           "malloc_keep_freed_memory": malloc_kept},
         "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.scaling"] + (argv or sys.argv[1:])),
+        "cpu_caps": _cpu_caps(),
         "config": RetrievalConfig().to_dict(), "synthetic_stats": stats, "generator": generator,
         "real_corpus": real,
         "sizes": sorted(sizes.values(), key=lambda s: s["passages"]),
@@ -581,12 +652,42 @@ def report(args, argv, device, malloc_kept, stats, real, generator, sizes, rows)
     return result
 
 
+def merge_size(old: dict, new: dict) -> dict:
+    """A size's entry of a --merge run: the new run's measurements, with the old top-5 agreement kept when this run
+    measured none, and every run's ANN stages listed under "ann_runs" (a first build and later cache reads)."""
+    out = {**old, **new}
+    if not new.get("top5_same_as_exact_percent") and old.get("top5_same_as_exact_percent"):
+        out["top5_same_as_exact_percent"] = old["top5_same_as_exact_percent"]
+    runs = old.get("ann_runs", [old["ann"]] if "ann" in old else [])
+    if "ann" in new:
+        out["ann_runs"] = runs + [new["ann"]]
+    return out
+
+
+def _cpu_caps() -> dict:
+    """The instruction-set caps this run had (environment), what torch's precision choice made of them, and the
+    FAISS build and SIMD level (the ANN rows)."""
+    from linearrag_torch.env import native_bf16
+
+    out = {k: os.environ.get(k) for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+                                          "FAISS_SIMD_LEVEL")}
+    out["native_bf16"] = bool(native_bf16("cpu"))
+    try:
+        import faiss
+
+        out["faiss"] = faiss.__version__
+        out["faiss_simd_level"] = faiss.SIMDConfig.get_level_name()
+    except (ImportError, AttributeError):
+        pass
+    return out
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     device, malloc_kept, stats, real, generator, sizes, rows = prepare(args)
     for P in args.sizes:  # run
         info, new_rows = run_size(P, stats, args, device, log)
-        sizes[P] = info
+        sizes[P] = merge_size(sizes.get(P, {}), info)
         rows += new_rows
         result = report(args, argv, device, malloc_kept, stats, real, generator, sizes, rows)
     plot(result, args.png or args.json.with_suffix(".png"))

@@ -17,6 +17,7 @@ QUESTION_NER = ("always", "fallback", "off")
 RERANKER_PRECISIONS = ("auto", "float32", "bfloat16", "int8")  # rerank.scoring.resolve_precision
 PPR_MODES = ("exact", "local")  # retrieval/pagerank.py (the whole walk), retrieval/local_ppr.py (forward push)
 RESET_MINMAX = ("global", "top")  # eq. 7's min-max with reset_passages: over all passages or over the top m
+ANN_KINDS = ("exact", "ivf", "hnsw")  # retrieval/ann.py: the nearest-vector stage (the exact product, or FAISS)
 
 
 def _f(default, help: str, **meta):
@@ -103,6 +104,15 @@ class RetrievalConfig:
                                 "(0: every passage; the passages holding active entities keep their entity term)")
     reset_minmax: str = _f("global", "with reset_passages: eq. 7's min-max of the cosines over all passages "
                                      "('global') or over those top passages ('top')", choices=RESET_MINMAX)
+    ann: str = _f("exact", "the nearest-vector stage of eq. 3's seeds and, with ppr_mode local and reset_passages, of "
+                           "the top passages: 'exact' (one product over every vector) or a FAISS index built on "
+                           "first use, 'ivf' or 'hnsw' (approximate; needs the ann extra; CPU only, a GPU engine "
+                           "keeps the exact product)", choices=ANN_KINDS)
+    ann_probe: int = _f(16, "ann ivf: inverted lists searched per vector (nprobe); ann hnsw: the search's "
+                            "candidate list (efSearch, at least the vectors asked for)")
+    ann_lists: int = _f(0, "ann ivf: inverted lists of the index (0: about the square root of the vectors)")
+    ann_cache: str = _f("", "a folder where the FAISS indexes are written on first build and read back on "
+                            "later loads (faiss.write_index's own format; '' keeps them in memory only)")
     adjacent_passages: bool = _f(False, "link passage i to i+1 (only for consecutive chunks of one document)")
     lexicon_seeds: bool = _f(True, "also find question entities by matching the index's entity strings")
     question_ner: str = _f("always", "spaCy NER on the questions: 'always', 'fallback' (only for questions in which "
@@ -196,6 +206,12 @@ class RetrievalConfig:
             raise ValueError(f"reset_passages must be >= 0, got {self.reset_passages}")
         if self.reset_minmax not in RESET_MINMAX:
             raise ValueError(f"reset_minmax must be one of {RESET_MINMAX}, got {self.reset_minmax!r}")
+        if self.ann not in ANN_KINDS:
+            raise ValueError(f"ann must be one of {ANN_KINDS}, got {self.ann!r}")
+        if self.ann_probe < 1:
+            raise ValueError(f"ann_probe must be >= 1, got {self.ann_probe}")
+        if self.ann_lists < 0:
+            raise ValueError(f"ann_lists must be >= 0, got {self.ann_lists}")
         if self.chain_passages < 0 or self.chain_sentences < 1 or self.chain_keep < 0 or self.chain_weight < 0 \
                 or self.chain_rounds < 1 or self.chain_passage_weight < 0:
             raise ValueError("chain_passages, chain_keep, chain_weight and chain_passage_weight must be >= 0, "

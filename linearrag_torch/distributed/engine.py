@@ -61,6 +61,9 @@ class ShardedEngine(stages.PartChain):
                              "the sharded engine (it runs the exact PageRank on the dense reset); set "
                              "ppr_mode='exact' and reset_passages=0 (--ppr-mode exact --reset-passages 0), or query "
                              "the index in one process")
+        if cfg.ann != "exact":
+            raise ValueError(f"ann={cfg.ann!r} is not supported by the sharded engine (each shard scans its own "
+                             "vectors exactly); set ann='exact' (--ann exact), or query the index in one process")
         queries = self._stored_vectors(queries.to(self.shard.device))
         return stages.run(self, queries, cfg, trace)
 
@@ -118,7 +121,7 @@ class ShardedEngine(stages.PartChain):
     def passage_cosines(self, query_emb: torch.Tensor) -> torch.Tensor:
         return cosines(self.shard.passage_emb, query_emb)  # [P_r, B]
 
-    def nearest(self, queries: EncodedQueries):
+    def nearest(self, queries: EncodedQueries, cfg: RetrievalConfig):
         """Eq. 3's scan over the entities this rank owns (global ids); a question entity with a stored vector
         (entity_rows) gets that entity, with its self-cosine from the owner (-inf elsewhere)."""
         sh = self.shard

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import torch
 
 from ..env import native_half
-from . import pairs, rerank_stage, stages
+from . import ann, pairs, rerank_stage, stages
 from .activation import WHOLE_INDEX, ColumnEntries, NearestMemo
 from ..config import RetrievalConfig
 from ..index import TriGraphIndex
@@ -145,11 +145,14 @@ class DeviceGraph:
     def num_entities(self) -> int:
         return self.entity_emb.shape[0]
 
-    def nearest(self, queries: EncodedQueries):
-        """round.Part.nearest: eq. 3's scan over every entity (nearest_memo), in a half index's dtype; a question
-        entity with a stored vector of this index (EncodedQueries.entity_rows) takes it without the scan."""
+    def nearest(self, queries: EncodedQueries, cfg: RetrievalConfig):
+        """round.Part.nearest: eq. 3's scan over every entity (nearest_memo), or the ANN stage's (cfg.ann,
+        retrieval/ann.py), in a half index's dtype; a question entity with a stored vector of this index
+        (EncodedQueries.entity_rows) takes it without the scan."""
         known = queries.entity_rows if queries.rows_of is self.index else None  # stored vectors' rows (pipeline.py)
-        return self.nearest_memo(self.entity_emb, queries.entity_emb.to(self.entity_emb.dtype), known)
+        q_ent = queries.entity_emb.to(self.entity_emb.dtype)
+        found = ann.nearest_entities(self, q_ent, known, cfg)
+        return found if found is not None else self.nearest_memo(self.entity_emb, q_ent, known)
 
     def local_entries(self, entries: ColumnEntries) -> ColumnEntries:
         """round.Part.local_entries: every entity is held here, its row its id."""

@@ -281,7 +281,7 @@ class StepLog:
     def __init__(self):
         self.steps: list[PPRStep] = []
         self.pushes: list = []  # local_ppr.PushStats of every local PageRank call (ppr_mode="local")
-        self.stage_s: dict = {}  # seconds per part of a graph round (engine._retrieve_chunk; host clock, no sync)
+        self.stage_s: dict = {}  # seconds per part of a graph round (round.one_chunk; host clock, no sync)
 
     @contextmanager
     def stage(self, name: str):

@@ -28,6 +28,7 @@ from ..config import RetrievalConfig
 from ..queries import EncodedQueries, Retrieved
 from .activation import (Activation, ActivePairs, ColumnEntries, dense_seeds, propagate_paper,
                          propagate_reference_pairs, seed_keys)
+from . import local_round
 from .local_ppr import local_pagerank
 from .pagerank import StepLog, passage_reset_entries, personalized_pagerank, sparse_reset_entries
 
@@ -54,7 +55,7 @@ class Part(Protocol):
     def passage_cosines(self, query_emb: torch.Tensor) -> torch.Tensor:
         """cos(q, p) [P_r, B] of the part's passages, float32."""
 
-    def nearest(self, queries: EncodedQueries) -> tuple:
+    def nearest(self, queries: EncodedQueries, cfg: RetrievalConfig) -> tuple:
         """Eq. 3's scan over the entities this part scans: (largest cosine [Q], its global entity id [Q]) per
         question entity, -inf where it scans none; Comm.best_of makes it the whole index's."""
 
@@ -124,14 +125,14 @@ class Trace:
     ppr_steps: StepLog | None = field(default=None, compare=False)
 
 
-def seeds(part: Part, queries: EncodedQueries):
+def seeds(part: Part, queries: EncodedQueries, cfg: RetrievalConfig):
     """Eq. 3 as index lists over the whole index: (keys e * B + b sorted and unique, values), the largest cosine
     per (graph entity, question); ties between graph entities go to the lowest index (activation.seed_pairs)."""
     if queries.entity_emb.shape[0] == 0 or part.num_entities == 0:
         return (torch.zeros(0, dtype=torch.int64, device=part.device),
                 torch.zeros(0, dtype=torch.float32, device=part.device))
     part.comm.phase = "seeds"
-    best, arg = part.comm.best_of(*part.nearest(queries))
+    best, arg = part.comm.best_of(*part.nearest(queries, cfg))
     return seed_keys(best, arg, queries.entity_owner.to(part.device), queries.batch_size)
 
 
@@ -139,7 +140,7 @@ def activate(part: Part, queries: EncodedQueries, cfg: RetrievalConfig):
     """Eqs. 3-5 for a batch, as index lists: (seed keys, seed values, ActivePairs); keys = e * B + b, global
     entity ids, the same on every part. Sigma (eq. 4) is computed lazily from (sentence_emb, query_emb) for the
     (sentence, question) pairs the activation visits. Only paper mode forms dense [E, B] state."""
-    keys, vals = seeds(part, queries)
+    keys, vals = seeds(part, queries, cfg)
     vals = vals.float()
     B, E = queries.batch_size, part.num_entities
     sigma = (part.sentence_emb, queries.query_emb)  # float32 sigma either way (kernels.gather_sigma)
@@ -192,6 +193,8 @@ def graph_round(part: Part, queries: EncodedQueries, cfg: RetrievalConfig, trace
 def one_chunk(part: Part, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool,
               steps: StepLog | None = None):
     """graph_round for questions that fit one chunk."""
+    if local_round.applies(part, cfg):  # the local PageRank on the ANN stage's candidates: no [P, B] product
+        return local_round.local_chunk(part, queries, cfg, trace, steps)
     B, E = queries.batch_size, part.num_entities
     k = cfg.top_k
     stage = steps.stage if steps is not None else _no_stage  # seconds per part of the round (StepLog.stage_s)

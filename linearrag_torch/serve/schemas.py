@@ -17,7 +17,7 @@ SETTING_BOUNDS = {"max_iterations": (1, 16), "top_k_sentence": (1, 64), "ppr_max
                   "pair_candidates": (0, 16), "rerank_candidates": (1, 50), "rerank_loop_candidates": (0, 50),
                   "rerank_reach": (0, 50),
                   "pair_link_max_passages": (1, 2 ** 31 - 1),  # (past int32 the engine's tensors overflow: 500)
-                  "reset_passages": (0, 2 ** 31 - 1)}
+                  "reset_passages": (0, 2 ** 31 - 1), "ann_probe": (1, 4096)}
 # the float settings: RetrievalConfig.validate's own bounds, as pydantic (and JSON Schema) constraints, so that
 # the OpenAPI document says them; every other float lies within +-FLOAT_LIMIT (a weight of 1e308 overflows the
 # float32 scores: NaN, which JSON cannot carry) and is finite
@@ -28,7 +28,8 @@ FLOAT_BOUNDS = {"damping": {"gt": 0.0, "lt": 1.0}, "ppr_tol": {"gt": 0.0, "le": 
                 "pair_rank_weight": {"ge": 0.0, "le": FLOAT_LIMIT}, "pair_link_weight": {"ge": 0.0, "le": FLOAT_LIMIT},
                 "chain_prior_floor": {"ge": -1.0, "le": 1.0}}
 # settings only the operator chooses (`linearrag serve --reranker DIR`): a request may not name a folder to load
-SERVER_ONLY_SETTINGS = ("reranker",)
+# or write, nor make the server build an ANN index (`--ann`, `--ann-lists`: minutes per million vectors)
+SERVER_ONLY_SETTINGS = ("reranker", "ann", "ann_lists", "ann_cache")
 # a question must hold a character that str.strip() keeps: the pattern lists the characters str.isspace() names
 # (spelled out: JSON Schema's, Python's and pydantic's regex engines do not agree on what \s is)
 SPACES = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200b))) + \

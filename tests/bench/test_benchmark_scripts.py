@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -64,6 +66,24 @@ def test_scaling_benchmark_runs_both_pagerank_modes_side_by_side(tmp_path):
     assert {"cosines", "pagerank", "top-k"} <= set(rows["torch local"]["stage_ms_per_question"])
     agree = res["sizes"][0]["top5_same_as_exact_percent"]["torch local"]
     assert 0.0 <= agree <= 100.0
+
+
+def test_scaling_benchmark_runs_the_ann_stage(tmp_path):
+    pytest.importorskip("faiss")
+    out = tmp_path / "scaling_ann.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.scaling", "--sizes", "1500", "--batch", "4",
+                           "--backends", "torch", "--ppr-modes", "local", "--ann", "ivf", "--reset-passages", "20",
+                           "--min-questions", "4", "--agreement-questions", "8", "--ann-cache", str(tmp_path / "ann"),
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    rows = {r["backend"]: r for r in res["rows"]}
+    assert set(rows) == {"torch local", "torch local ivf"} and rows["torch local ivf"]["settings"]["ann"] == "ivf"
+    stage = res["sizes"][0]["ann"]["torch local ivf"]
+    assert 0.0 <= stage["nearest_entity_recall"] <= 1.0 and 0.0 <= stage["top_m_recall"] <= 1.0
+    assert stage["entity"]["bytes"] > 0 and not stage["entity"]["from_cache"]
+    assert len(list((tmp_path / "ann").glob("*.faiss"))) == 2
+    assert "native_bf16" in res["cpu_caps"]
 
 
 def test_kernels_benchmark_checks_agreement_and_writes_plot(tmp_path):

@@ -192,6 +192,8 @@ def test_clear_errors():
         eng.retrieve(random_queries(idx, batch=2), RetrievalConfig(ppr_mode="local"))
     with pytest.raises(ValueError, match="reset_passages=0"):
         eng.retrieve(random_queries(idx, batch=2), RetrievalConfig(reset_passages=10))
+    with pytest.raises(ValueError, match="ann='exact'"):
+        eng.retrieve(random_queries(idx, batch=2), RetrievalConfig(ann="ivf"))
 
 
 def _fail(comm):

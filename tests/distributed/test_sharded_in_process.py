@@ -113,8 +113,8 @@ def test_rerank_on_two_ranks_equals_one_process(small_rag, small_questions, rera
     one = small_rag.graph.reranker(cfg.reranker, cfg.reranker_precision)
     scored = {"one process": []}
     pair_logits = one.pair_logits
-    one.pair_logits = lambda q, p, q_of_pair, *a: scored["one process"].append(q_of_pair.numel()) or \
-        pair_logits(q, p, q_of_pair, *a)
+    one.pair_logits = lambda q, p, q_of_pair, *a, **kw: scored["one process"].append(q_of_pair.numel()) or \
+        pair_logits(q, p, q_of_pair, *a, **kw)
     try:
         want = engine.retrieve(small_rag.graph, enc, cfg)
     finally:

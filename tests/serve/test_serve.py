@@ -177,6 +177,9 @@ def test_an_answer_does_not_depend_on_the_batch_it_rode_in(small_rag, small_ques
     ({"question": "q", "mode": "fast"}, "mode"),
     ({"question": "q", "ppr_max_iter": 10 ** 9}, "ppr_max_iter"),
     ({"question": "q", "chain_rounds": 50}, "chain_rounds"),
+    ({"question": "q", "ann": "hnsw"}, "ann"),  # the operator's (an index build per request)
+    ({"question": "q", "ann_cache": "/tmp"}, "ann_cache"),
+    ({"question": "q", "ann_probe": 10 ** 6}, "ann_probe"),
     ({"question": "q", "questions": ["r"]}, "exactly one"),
     ({}, "exactly one"),
     (["q"], "body"),

@@ -1,0 +1,435 @@
+"""The nearest-vector stage (``RetrievalConfig.ann``): an approximate nearest-neighbour index from FAISS
+over the entity vectors (eq. 3's nearest entity per question entity) and the passage vectors (the top
+``reset_passages`` passages of the sparse reset, eq. 7), opt-in; ``ann: exact`` (the default) keeps the one
+product over every vector.
+
+Two index kinds, both on 8-bit scalar-quantised vectors (a quarter of float32's memory; the candidates they
+return are rescored exactly from the engine's own vectors, so a score is never the quantised one):
+
+- ``ivf``: an inverted file (k-means into ``ann_lists`` lists, about sqrt(rows) by default); a search reads the
+  ``ann_probe`` lists whose centroids are nearest to the question.
+- ``hnsw``: a navigable small-world graph (32 links per vector); a search keeps ``ann_probe`` candidates.
+
+An index is built on first use per engine graph and vector matrix, from a seeded sample (the same vectors give
+the same index), and with ``ann_cache`` written to that folder by ``faiss.write_index`` (FAISS's own binary
+format, not pickle) beside a JSON file of its settings and a fingerprint of the vectors; a later load whose
+settings and fingerprint match reads it back instead of building. One search call per batch (every question,
+or every question entity, at once); no loop over questions.
+
+Devices: FAISS here runs on the CPU (the faiss-cpu wheel of the ``ann`` extra). A graph on another device keeps
+the exact product (a search on the host would move every batch's vectors off the device and back), with a
+warning once per graph.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..config import RetrievalConfig
+from .activation import nearest_entities as exact_nearest
+
+# candidates of the ANN per question entity rescored exactly for eq. 3's nearest entity (the quantised scores
+# can swap near neighbours; the exact cosines of a few candidates cannot)
+ENTITY_CANDIDATES = 8
+# the passage search asks for m + m / this + ENTITY_CANDIDATES passages, and the exact cosines keep the top m
+# (the quantised scores can swap passages across the m-th place)
+PASSAGE_OVERSAMPLE = 4
+HNSW_LINKS = 32
+HNSW_EF_CONSTRUCTION = 40
+# vectors the IVF's k-means trains on, per list (FAISS warns below 39)
+TRAIN_PER_LIST = 40
+ADD_ROWS = 1 << 20  # vectors converted to float32 and added per call while building
+
+_stages: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine graph -> {key: AnnIndex}
+_warned: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def available() -> bool:
+    """Whether FAISS can be imported (the ``ann`` extra)."""
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _faiss():
+    try:
+        import faiss
+    except ImportError as err:
+        raise ImportError("RetrievalConfig.ann 'ivf' / 'hnsw' needs FAISS: pip install 'linearrag_torch[ann]' "
+                          "(faiss-cpu), or set ann: exact") from err
+    return faiss
+
+
+def fingerprint(vectors: torch.Tensor) -> str:
+    """A short hash of a matrix's shape, dtype and 64 of its rows (evenly spaced): what a cached index is
+    checked against (a changed index, e.g. after ``add``, has other rows or other vectors)."""
+    n = vectors.shape[0]
+    rows = torch.linspace(0, max(n - 1, 0), min(n, 64)).long() if n else torch.zeros(0, dtype=torch.long)
+    sample = vectors.index_select(0, rows.to(vectors.device)).to("cpu", torch.float32).contiguous()
+    h = hashlib.sha1(f"{tuple(vectors.shape)} {vectors.dtype}".encode())
+    h.update(sample.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class AnnIndex:
+    """One FAISS index over a matrix's rows (inner product: the vectors are unit length, so it ranks by cosine).
+
+    Parameters
+    ----------
+    kind : str
+        "ivf" or "hnsw".
+    index : faiss.Index
+        The index.
+    rows, dim : int
+        The matrix it was built on.
+    lists : int
+        Inverted lists (ivf; 0 for hnsw).
+    build_s : float
+        Seconds its build (or its read from the cache) took.
+    from_cache : bool
+        Whether it was read from ``ann_cache``.
+    """
+
+    kind: str
+    index: object
+    rows: int
+    dim: int
+    lists: int = 0
+    build_s: float = 0.0
+    from_cache: bool = False
+    searches: list = field(default_factory=list, repr=False)  # (rows, k, seconds) of each search
+
+    @staticmethod
+    def build(vectors: torch.Tensor, kind: str, lists: int = 0, seed: int = 0) -> "AnnIndex":
+        """A new index over ``vectors`` [N, D] (any float dtype; added as float32 in blocks).
+
+        Parameters
+        ----------
+        vectors : torch.Tensor
+            The rows to index (unit length).
+        kind : {"ivf", "hnsw"}
+            The index kind (module docstring).
+        lists : int
+            ivf: inverted lists (0: round(sqrt(N)), at most N / TRAIN_PER_LIST; at least 1, at most N).
+        seed : int
+            Seed of the training sample.
+
+        Returns
+        -------
+        AnnIndex
+        """
+        faiss = _faiss()
+        t0 = time.perf_counter()
+        N, D = vectors.shape
+        faiss.omp_set_num_threads(torch.get_num_threads())
+        qt, ip = faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT
+        if kind == "ivf":
+            # automatic: about sqrt(N), and at least TRAIN_PER_LIST vectors a list for the k-means
+            lists = min(lists, N) if lists else min(round(math.sqrt(N)), N // TRAIN_PER_LIST)
+            lists = max(lists, 1)
+            index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(D), D, lists, qt, ip)
+            index.cp.seed = seed
+            n_train = min(N, max(TRAIN_PER_LIST * lists, 1024))
+        elif kind == "hnsw":
+            lists = 0
+            index = faiss.IndexHNSWSQ(D, qt, HNSW_LINKS, ip)
+            index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+            n_train = min(N, 1 << 16)
+        else:
+            raise ValueError(f"ann kind must be 'ivf' or 'hnsw', got {kind!r}")
+        gen = torch.Generator().manual_seed(seed)
+        sample = torch.randperm(N, generator=gen)[:n_train].sort().values
+        index.train(_host32(vectors.index_select(0, sample.to(vectors.device))))
+        for i in range(0, N, ADD_ROWS):
+            index.add(_host32(vectors[i:i + ADD_ROWS]))
+        return AnnIndex(kind, index, N, D, lists, time.perf_counter() - t0)
+
+    def search(self, queries: torch.Tensor, k: int, probe: int) -> tuple:
+        """The ``k`` rows of largest inner product with each query, by the index.
+
+        Parameters
+        ----------
+        queries : torch.Tensor
+            [Q, D] (any float dtype, on the CPU).
+        k : int
+            Rows per query.
+        probe : int
+            ivf: lists searched (nprobe); hnsw: candidates kept (efSearch, raised to ``k``).
+
+        Returns
+        -------
+        scores : torch.Tensor
+            float32 [Q, k], the quantised inner products (-inf past the rows found).
+        ids : torch.Tensor
+            int64 [Q, k]: the rows, best first; -1 past the rows found (an ivf search of few lists can find
+            fewer than ``k``).
+        """
+        faiss = _faiss()
+        faiss.omp_set_num_threads(torch.get_num_threads())
+        t0 = time.perf_counter()
+        if self.kind == "ivf":
+            self.index.nprobe = min(probe, self.index.nlist)
+        else:
+            self.index.hnsw.efSearch = max(probe, k)
+        q = _host32(queries)
+        if q.shape[0] == 0 or k == 0:
+            dist = torch.zeros((q.shape[0], k), dtype=torch.float32)
+            return dist, torch.full((q.shape[0], k), -1, dtype=torch.int64)
+        dist, ids = self.index.search(q, k)
+        self.searches.append((q.shape[0], k, time.perf_counter() - t0))
+        ids = torch.from_numpy(ids).to(torch.int64)
+        dist = torch.from_numpy(dist)
+        return dist.masked_fill_(ids < 0, float("-inf")), ids
+
+    def nbytes(self) -> int:
+        """Bytes of the index (its codes, lists or links), as FAISS serialises it."""
+        faiss = _faiss()
+        return int(faiss.serialize_index(self.index).nbytes)
+
+    def save(self, path: Path, meta: dict) -> None:
+        """Write the index to ``path`` (faiss.write_index) and ``meta`` to path + ".json"."""
+        faiss = _faiss()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        faiss.write_index(self.index, str(tmp))
+        os.replace(tmp, path)
+        side = path.with_name(path.name + ".json")
+        side.write_text(json.dumps(meta, indent=1, sort_keys=True))
+
+    @staticmethod
+    def load(path: Path, meta: dict) -> "AnnIndex | None":
+        """The index at ``path`` when its JSON file holds ``meta`` (else None: a stale or foreign file)."""
+        faiss = _faiss()
+        path = Path(path)
+        side = path.with_name(path.name + ".json")
+        if not (path.is_file() and side.is_file()):
+            return None
+        try:
+            stored = json.loads(side.read_text())
+        except (OSError, ValueError):
+            return None
+        if stored != meta:
+            return None
+        t0 = time.perf_counter()
+        index = faiss.read_index(str(path))
+        if index.ntotal != meta["rows"] or index.d != meta["dim"]:
+            raise ValueError(f"{path}: the FAISS index holds {index.ntotal} x {index.d} vectors, its JSON file says "
+                             f"{meta['rows']} x {meta['dim']}")
+        lists = int(index.nlist) if meta["kind"] == "ivf" else 0
+        return AnnIndex(meta["kind"], index, meta["rows"], meta["dim"], lists, time.perf_counter() - t0, True)
+
+
+def _host32(x: torch.Tensor):
+    """A contiguous float32 numpy view (or copy) of ``x`` on the CPU, for FAISS."""
+    return x.detach().to("cpu", torch.float32).contiguous().numpy()
+
+
+def stage(graph, which: str, cfg: RetrievalConfig) -> AnnIndex | None:
+    """The ANN index of ``graph``'s ``which`` vectors ("entity" or "passage") for ``cfg``, built (or read from
+    cfg.ann_cache) on first use; None when cfg.ann is "exact" or the graph is not on the CPU (then with a
+    warning once: the exact product runs).
+
+    Parameters
+    ----------
+    graph : engine.DeviceGraph
+        The engine's graph (its ``entity_emb`` / ``passage_emb`` and ``device``).
+    which : {"entity", "passage"}
+        The vectors.
+    cfg : RetrievalConfig
+        ``ann``, ``ann_lists``, ``ann_cache``.
+
+    Returns
+    -------
+    AnnIndex or None
+    """
+    if cfg.ann == "exact":
+        return None
+    _faiss()  # asked for: a missing FAISS is an error, not a silent exact run
+    if graph.device.type != "cpu":
+        if graph not in _warned:
+            _warned.add(graph)
+            warnings.warn(f"ann={cfg.ann!r}: FAISS runs on the CPU here and the engine on {graph.device}; the "
+                          "exact product runs instead (a search on the host would move each batch off the device)",
+                          RuntimeWarning, stacklevel=3)
+        return None
+    vectors = graph.entity_emb if which == "entity" else graph.passage_emb
+    if vectors.shape[0] == 0:
+        return None
+    lists = cfg.ann_lists if cfg.ann == "ivf" else 0
+    key = (which, cfg.ann, lists, cfg.ann_cache)
+    built = _stages.setdefault(graph, {})
+    got = built.get(key)
+    if got is not None and got.rows == vectors.shape[0]:
+        return got
+    meta = {"kind": cfg.ann, "which": which, "lists": lists, "rows": int(vectors.shape[0]), "dim": int(vectors.shape[1]),
+            "fingerprint": fingerprint(vectors), "hnsw_links": HNSW_LINKS if cfg.ann == "hnsw" else 0,
+            "storage": "SQ8"}
+    path = None
+    if cfg.ann_cache:
+        path = Path(cfg.ann_cache) / f"{which}-{cfg.ann}-{lists}-{meta['rows']}x{meta['dim']}-{meta['fingerprint']}.faiss"
+        got = AnnIndex.load(path, meta)
+    if got is None:
+        got = AnnIndex.build(vectors, cfg.ann, lists)
+        if path is not None:
+            got.save(path, meta)
+    built[key] = got
+    return got
+
+
+def built(graph) -> dict:
+    """The ANN indexes built for ``graph`` so far: {(which, kind, lists, cache): AnnIndex}."""
+    return dict(_stages.get(graph, {}))
+
+
+def nearest_entities(graph, query_entity_emb: torch.Tensor, known: torch.Tensor | None, cfg: RetrievalConfig):
+    """Eq. 3's nearest graph entity of each question entity by the ANN (activation.nearest_entities' answer,
+    approximate): (largest cosine [Q] in the entity vectors' dtype, entity index [Q]); None when
+    ``stage`` is None (the caller runs the exact scan).
+
+    The index proposes ENTITY_CANDIDATES entities per question entity (one search for the batch); their exact
+    cosines (float32 sums rounded to the vectors' dtype, as the product rounds) choose, equal ones by the lower
+    index. ``known``: as for activation.nearest_entities (those rows are their own answer, not searched). A row
+    for which the index finds nothing (an ivf search whose lists are empty) takes the exact scan.
+    """
+    st = stage(graph, "entity", cfg)
+    if st is None:
+        return None
+    emb = graph.entity_emb
+    q = query_entity_emb.to(emb.dtype)
+    Q, E = q.shape[0], emb.shape[0]
+    arg = torch.full((Q,), -1, dtype=torch.int64, device=emb.device)
+    if known is not None and known.numel() == Q:
+        known = known.to(emb.device)
+        arg = torch.where(known >= 0, known, arg)
+    ask = torch.nonzero(arg < 0).flatten()
+    best = torch.empty(Q, dtype=emb.dtype, device=emb.device)
+    hit = torch.nonzero(arg >= 0).flatten()
+    best[hit] = _dots(emb, arg[hit], q[hit])
+    if ask.numel():
+        k = min(ENTITY_CANDIDATES, E)
+        _, ids = st.search(q[ask], k, cfg.ann_probe)
+        ids = ids.to(emb.device)
+        found = ids >= 0
+        # sorted by index, so that the first largest cosine is the lowest index (-1 sorts last as E)
+        ids = torch.where(found, ids, torch.full_like(ids, E)).sort(dim=1).values
+        found = ids < E
+        cos = _dots(emb, ids.clamp(max=E - 1).reshape(-1), q[ask].repeat_interleave(k, 0)).view(-1, k)
+        cos = torch.where(found, cos, torch.full_like(cos, float("-inf")))
+        b, j = cos.max(dim=1)
+        best[ask], arg[ask] = b, ids.gather(1, j[:, None]).squeeze(1)
+        lost = ask[~found.any(dim=1)]
+        if lost.numel():  # nothing found: the exact scan for those rows
+            best[lost], arg[lost] = exact_nearest(emb, q[lost])
+    return best, arg
+
+
+def _dots(emb: torch.Tensor, rows: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """<emb[rows[i]], q[i]> summed in float32 and rounded to emb's dtype (what the product over ``emb`` gives
+    up to the order of its sums)."""
+    if rows.numel() == 0:
+        return torch.zeros(0, dtype=emb.dtype, device=emb.device)
+    return (emb.index_select(0, rows).float() * q.float()).sum(1).to(emb.dtype)
+
+
+@dataclass
+class PassageCandidates:
+    """Each question's top passages by the ANN with their cosines, as index lists sorted by (question, rank).
+
+    ``passage``, ``question``: int64 [n]; ``cos``: float32 [n] the exact cosines (the engine's vectors);
+    ``prior``: float32 [n] eq. 7's dense value there (``cos``, or a chain round's prior applied to it);
+    ``rank``: int64 [n], 0 = the question's best by ``prior``; ``low``: float32 [B], the global min-max's low end
+    (the smallest prior value over all passages, by the ANN: the best match of the negated question).
+    """
+
+    passage: torch.Tensor
+    question: torch.Tensor
+    cos: torch.Tensor
+    prior: torch.Tensor
+    rank: torch.Tensor
+    low: torch.Tensor
+
+
+def passage_candidates(graph, query_emb: torch.Tensor, m: int, cfg: RetrievalConfig, prior=None,
+                       low: bool = True) -> PassageCandidates | None:
+    """The top ``m`` passages of each question by the ANN (one search for the batch, of a few more than ``m``:
+    PASSAGE_OVERSAMPLE), rescored exactly, and
+    (with ``low``) the low end of the global min-max (a second search, of the negated questions, for one
+    passage each). ``prior``: a chain round's queries.PassagePrior: its floor and entries applied to the
+    cosines, its entries' passages added to the candidates (they may rise into the top m). None when ``stage``
+    is None.
+    """
+    st = stage(graph, "passage", cfg)
+    if st is None:
+        return None
+    emb = graph.passage_emb
+    P, dev = emb.shape[0], emb.device
+    B = query_emb.shape[0]
+    q = query_emb.float()
+    m = min(m, P)
+    _, ids = st.search(q, min(m + m // PASSAGE_OVERSAMPLE + ENTITY_CANDIDATES, P), cfg.ann_probe)
+    ids = ids.to(dev)
+    col = torch.arange(B, device=dev)[:, None].expand_as(ids)
+    ok = ids >= 0
+    keys = col[ok] * P + ids[ok]
+    if prior is not None and prior.row.numel():
+        keys = torch.cat([keys, prior.col.to(dev) * P + prior.row.to(dev)])
+    keys = torch.unique(keys)  # sorted: by question, then passage
+    qb, p = torch.div(keys, P, rounding_mode="floor"), keys % P
+    cos = _cosines(emb, p, q, qb)
+    val = cos
+    if prior is not None:
+        val = cos.clamp(min=prior.floor)
+        if prior.row.numel():
+            pk = prior.col.to(dev) * P + prior.row.to(dev)
+            at = torch.searchsorted(keys, pk)
+            val = val.clone()
+            val[at] = torch.maximum(val[at], prior.val.to(dev, val.dtype))
+    order, rank = rank_within(qb, val, B)
+    keep = order[rank < m]
+    p, qb, cos, val, rank = p[keep], qb[keep], cos[keep], val[keep], rank[rank < m]
+    if low:
+        _, far = st.search(-q, 1, cfg.ann_probe)
+        far = far[:, 0].to(dev)
+        lo = _cosines(emb, far.clamp(min=0), q, torch.arange(B, device=dev))
+        lo = torch.where(far >= 0, lo, torch.full_like(lo, float("inf")))
+        if prior is not None:
+            lo = lo.clamp(min=prior.floor)
+    else:
+        lo = torch.full((B,), float("inf"), dtype=torch.float32, device=dev)
+    # never above a candidate's value: the min-max keeps every value in [0, 1]
+    lo = torch.minimum(lo, torch.full((B,), float("inf"), device=dev).scatter_reduce_(0, qb, val, "amin"))
+    return PassageCandidates(p, qb, cos, val, rank, lo)
+
+
+def _cosines(emb: torch.Tensor, rows: torch.Tensor, q: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """engine.cosines at the (passage rows[i], question cols[i]) pairs, float32: with half ``emb`` the question
+    rounded to its dtype and the sum rounded to it, as the product there."""
+    if emb.dtype == torch.float32:
+        return (emb.index_select(0, rows) * q.index_select(0, cols)).sum(1)
+    qh = q.to(emb.dtype).float()
+    return (emb.index_select(0, rows).float() * qh.index_select(0, cols)).sum(1).to(emb.dtype).float()
+
+
+def rank_within(col: torch.Tensor, val: torch.Tensor, batch: int):
+    """For entries sorted by (col, row): (order, rank): ``order`` lists them by column, then by descending
+    ``val``, equal values keeping their order (the lower row first); rank[i] is the place of order[i] within
+    its column (0 = best)."""
+    order = torch.argsort(val, descending=True, stable=True)
+    order = order.index_select(0, torch.argsort(col.index_select(0, order), stable=True))
+    c = col.index_select(0, order)
+    count = torch.bincount(c, minlength=batch)
+    rank = torch.arange(c.numel(), device=col.device) - (torch.cumsum(count, 0) - count).index_select(0, c)
+    return order, rank
