@@ -37,7 +37,7 @@ class PassageTokens:
         every passage is held here, so every pair is scored here. (A shard of the sharded engine holds only its
         passages: distributed/engine.py's scores there the pairs it holds and sums the logits over the ranks.)
         ``vectors``: (logits, the pairs' pooled vectors) (the set reader's input, rerank/set_reader.py)."""
-        return reranker.pair_logits(q, self, q_of_pair, rows, context, vectors=vectors)
+        return reranker.pair_logits(q, self, q_of_pair, rows, context, **({"vectors": True} if vectors else {}))
 
 
 class QuestionTokens(NamedTuple):

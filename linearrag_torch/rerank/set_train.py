@@ -1,7 +1,8 @@
 """`linearrag train-set-reader`: mine the engine's candidate sets of the training questions, then train the set
 reader (set_reader.py) on them.
 
-Mining (``mine_sets``): each training question runs through the engine's own query path with ``--rerank`` (the
+Mining (cli/train_set_reader.py's ``mine_sets``: the engine is the command line's to give, as for
+`linearrag train-reranker`): each training question runs through the engine's own query path with ``--rerank`` (the
 chain rounds' rerank included) over an index of the training file's paragraphs; its final list's first ``reach``
 candidates (10) are read by the cross-encoder as the engine reads them, and kept in the graph's order: passage
 keys, the graph's scores, the logits, the pooled vectors, whether the pair was read in the chain rounds' rerank,
@@ -30,58 +31,7 @@ CACHE_TENSORS = "sets.safetensors"
 CACHE_INFO = "sets.json"
 
 
-# ------------------------------------------------------------------------------------------------------ mining
-def mine_sets(rag, questions, cfg, batch: int = 64, progress: bool = True) -> dict:
-    """The candidate sets of ``questions`` (rerank.train.TrainingQuestion) as ``rag`` (an index of the training
-    paragraphs, ids = rerank.train.passage_key) ranks them with ``cfg`` (rerank on; ``cfg.rerank_reach``
-    candidates read). Returns a dict of tensors (see the module docstring): ``rows`` [N, K] (-1: none), ``gold``
-    [N, K] bool, ``n_gold`` [N], ``graph_scores``, ``logits`` [N, K], ``vectors`` [N, K, H] float16, ``from_loop``
-    [N, K] bool, ``query_emb`` [N, D]."""
-    from tqdm.auto import tqdm
-
-    from ..retrieval import engine, stages
-    from .train import passage_key
-
-    K = max(cfg.rerank_reach, cfg.rerank_candidates)
-    cfg = cfg.replace(rerank=True, rerank_set_reader=True, rerank_candidates=K)
-    graph = rag.graph
-    keys = [passage_key(rag.index.titles[r], rag.index.texts[r]) for r in range(rag.index.num_passages)]
-    got = []
-
-    def capture(be, b):  # the final rerank, reading all K candidates, its vectors kept
-        _, rr = be.learned_rerank(b.queries, b.ranking, b.cfg, K, b.scored, vectors=True)
-        got.append(rr)
-        b.ranking = b.ranking
-
-    plan = [stages.Stage("rerank", capture, "rerank") if st.name == "rerank" else st for st in stages.plan(cfg)]
-    parts = {k: [] for k in ("rows", "gold", "n_gold", "graph_scores", "logits", "vectors", "from_loop", "query_emb")}
-    bar = tqdm(total=len(questions), desc="mining sets", unit="question", disable=not progress)
-    for s in range(0, len(questions), batch):
-        part = questions[s:s + batch]
-        enc = rag.encode_queries([q.question for q in part], cfg).to(graph.device)
-        got.clear()
-        with torch.inference_mode(), graph.keeping_last(engine.chain_enabled(cfg)
-                                                          and len(part) <= graph.questions_per_chunk(None, cfg)):
-            stages.run(engine.TorchBackend(graph), enc, cfg, stages=plan)
-        rr = got[0]
-        order = rr.graph_ranks.argsort(1)  # back to the graph's order
-        g = lambda x: x.gather(1, order if x.dim() == 2 else order.unsqueeze(2).expand_as(x))  # noqa: E731
-        rows = g(rr.indices).cpu()
-        gold = torch.tensor([[r >= 0 and keys[r] in set(q.positives) for r in row.tolist()]
-                             for q, row in zip(part, rows)])
-        parts["rows"].append(rows)
-        parts["gold"].append(gold)
-        parts["n_gold"].append(torch.tensor([len(q.positives) for q in part]))
-        parts["graph_scores"].append(g(rr.graph_scores).cpu())
-        parts["logits"].append(g(rr.logits).cpu())
-        parts["vectors"].append(g(rr.vectors).cpu().to(torch.float16))
-        parts["from_loop"].append(torch.zeros_like(gold) if rr.known is None else g(rr.known).cpu())
-        parts["query_emb"].append(enc.query_emb.cpu().float())
-        bar.update(len(part))
-    bar.close()
-    return {k: torch.cat(v) for k, v in parts.items()}
-
-
+# ------------------------------------------------------------------------------------------------------ the cache
 def save_sets(sets: dict, folder, info: dict) -> None:
     """The mined sets as ``folder``/sets.safetensors and sets.json."""
     from safetensors.torch import save_file
