@@ -272,8 +272,8 @@ def run_kill(args) -> dict:
         if nxt >= len(batches):
             break
         srv = Server([folder], log_path=args.server_log).wait(args.start_timeout)
-        delay = rng.uniform(0.0, args.max_delay)
-        sent, acked, answered = [], [], threading.Event()
+        delay = rng.uniform(args.min_delay, args.max_delay)
+        sent, acked = [], []
 
         def writer():
             nonlocal nxt
@@ -445,7 +445,8 @@ def main(argv=None) -> int:
     k.add_argument("--more", required=True)
     k.add_argument("--trials", type=int, default=20)
     k.add_argument("--batch", type=int, default=10)
-    k.add_argument("--max-delay", type=float, default=12.0)
+    k.add_argument("--min-delay", type=float, default=0.0, help="seconds after the server is up, at least")
+    k.add_argument("--max-delay", type=float, default=12.0, help="... and at most, before the kill")
     k.add_argument("--seed", type=int, default=0)
     k.add_argument("--start-timeout", type=float, default=1800.0, help="seconds a server may take to load")
     f = sub.add_parser("fairness")

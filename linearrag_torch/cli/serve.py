@@ -77,8 +77,10 @@ def run(args) -> int:
 
         require_encoder_backend(getattr(args, "encoder_backend", "torch"))
         found, _ = discover(args.index_dir)  # a clear error now for a path that is neither
-        if not found and len(args.index_dir) > 1:
-            raise ValueError(f"no index folder in {' '.join(args.index_dir)}")
+        if not found and not args.store:  # (an empty store, for POST /v1/indexes, needs --store)
+            if len(args.index_dir) == 1:
+                open_index_dir(args.index_dir[0])  # the single-index server's error, naming what is missing
+            raise ValueError(f"no index folder in {' '.join(args.index_dir)} (an empty store: add --store)")
         _check_port(args.host, args.port)
         return serve_store(args.index_dir, settings_from_args(ServeSettings, args), _llm(args))
     args.index_dir = args.index_dir[0]

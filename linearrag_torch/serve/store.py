@@ -405,13 +405,9 @@ class Store:
             await asyncio.sleep(0.05)
         async with host.write_lock:
             rag, host.rag = host.rag, None
-
-            def drop():
-                if rag is not None and host._started_ner_processes:
-                    rag.close()
-
-            await self.batcher.call(drop)
-            del rag
+            if rag is not None and host._started_ner_processes:
+                await self.batcher.call(rag.close)  # the NER worker processes it started
+            del rag  # the last reference: its tensors go, and their memory back to the system
             await self.batcher.call(release_freed_memory)
 
     async def drop(self, host: IndexHost) -> dict:

@@ -1,7 +1,6 @@
 """The server as a store (issue 51), on real uvicorn servers on 127.0.0.1: indexes by name with shared models,
 passages added and deleted over HTTP (checked against LinearRAG.add / delete in this process and against the
 folder on disk), the admin API, and keys by index and role (the table of every route x role x scope)."""
-import asyncio
 import json
 import threading
 from pathlib import Path
