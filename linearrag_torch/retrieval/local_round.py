@@ -30,9 +30,11 @@ def applies(graph, cfg: RetrievalConfig) -> bool:
             and ann.stage(graph, "passage", cfg) is not None)
 
 
-def local_chunk(graph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool, steps):
-    """round.one_chunk for a round where ``applies``: Retrieved (and a round.Trace with ``trace``)."""
-    from .round import Trace, activate  # deferred: the round imports this module
+def local_chunk(graph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool, steps, activate, Trace):
+    """round.one_chunk for a round where ``applies``: Retrieved (and a Trace with ``trace``).
+
+    ``activate`` and ``Trace``: the round's eqs. 3-5 (round.activate) and its Trace class, passed by the round
+    (which imports this module)."""
     part = steps.stage if steps is not None else _no_stage
     B = queries.batch_size
     P, E = graph.passage_emb.shape[0], graph.entity_emb.shape[0]

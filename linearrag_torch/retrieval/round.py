@@ -194,7 +194,7 @@ def one_chunk(part: Part, queries: EncodedQueries, cfg: RetrievalConfig, trace: 
               steps: StepLog | None = None):
     """graph_round for questions that fit one chunk."""
     if local_round.applies(part, cfg):  # the local PageRank on the ANN stage's candidates: no [P, B] product
-        return local_round.local_chunk(part, queries, cfg, trace, steps)
+        return local_round.local_chunk(part, queries, cfg, trace, steps, activate, Trace)
     B, E = queries.batch_size, part.num_entities
     k = cfg.top_k
     stage = steps.stage if steps is not None else _no_stage  # seconds per part of the round (StepLog.stage_s)
