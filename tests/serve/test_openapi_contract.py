@@ -145,9 +145,12 @@ def test_every_setting_with_choices_is_an_enum():
     from dataclasses import fields
 
     from linearrag_torch.config import RetrievalConfig
+    from linearrag_torch.serve.schemas import SERVER_ONLY_SETTINGS
 
     props = DOCUMENT["paths"]["/v1/search"]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
-    with_choices = {f.name: list(f.metadata["choices"]) for f in fields(RetrievalConfig) if f.metadata.get("choices")}
+    with_choices = {f.name: list(f.metadata["choices"]) for f in fields(RetrievalConfig)
+                    if f.metadata.get("choices") and f.name not in SERVER_ONLY_SETTINGS}
+    assert not set(SERVER_ONLY_SETTINGS) & set(props)  # the operator's settings are not in a request's schema
     assert {"mode", "question_ner", "reranker_precision"} <= set(with_choices)
     for name, choices in with_choices.items():
         enums = [alt["enum"] for alt in props[name]["anyOf"] if "enum" in alt]
