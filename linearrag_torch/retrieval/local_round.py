@@ -15,12 +15,12 @@ from contextlib import contextmanager
 
 import torch
 
-from .. import kernels
 from ..config import RetrievalConfig
 from ..queries import EncodedQueries, Retrieved
 from . import ann
 from .activation import ColumnEntries, dense_seeds
 from .local_ppr import local_pagerank
+from .pagerank import entity_reset_terms
 
 
 def applies(graph, cfg: RetrievalConfig) -> bool:
@@ -89,17 +89,10 @@ def _reset(graph, cand: ann.PassageCandidates, act_over_tier: ColumnEntries, use
     val = torch.where(ok, (v - lo.index_select(0, q)) / torch.where(ok, span, torch.ones_like(span)),
                       torch.zeros_like(v))
     keep = use_graph.index_select(0, q)
-    # the entity term, as pagerank.sparse_reset_entries forms it
-    N_logT, a = graph.N_logT, act_over_tier
-    owner, pos, _ = kernels.segment_positions(N_logT.crow, a.row)
-    keys = a.col.index_select(0, owner) * P + N_logT.col.index_select(0, pos).to(torch.int64)
-    z = N_logT.val.index_select(0, pos).to(torch.float32) * a.val.to(torch.float32).index_select(0, owner)
-    zk, inv = torch.unique(keys, return_inverse=True)
-    zv = torch.zeros(zk.numel(), dtype=torch.float32, device=dev).index_add_(0, inv, z)
+    zp, zb, zv = entity_reset_terms(graph.N_logT, act_over_tier, P, cfg, torch.float32)
     w = cfg.passage_node_weight
-    row = torch.cat([cand.passage[keep], zk % P])
-    col = torch.cat([q[keep], torch.div(zk, P, rounding_mode="floor")])
-    return ColumnEntries(row, col, torch.cat([(cfg.lam * w) * val[keep], torch.log1p_(zv).mul_(w)]), (P, B))
+    return ColumnEntries(torch.cat([cand.passage[keep], zp]), torch.cat([q[keep], zb]),
+                         torch.cat([(cfg.lam * w) * val[keep], zv]), (P, B))
 
 
 @contextmanager

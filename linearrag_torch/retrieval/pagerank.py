@@ -86,16 +86,22 @@ def sparse_reset_entries(sim: torch.Tensor, N_logT: Csr, act_over_tier: ColumnEn
     m = max(cfg.reset_passages, at_least) if cfg.reset_passages else P
     idx, val = top_passages(sim, m, cfg.reset_minmax if cfg.reset_passages else "global")
     cols = torch.arange(B, device=sim.device).expand(idx.shape[0], B)
+    zp, zb, zv = entity_reset_terms(N_logT, act_over_tier, P, cfg, sim.dtype)
+    w = cfg.passage_node_weight
+    return ColumnEntries(torch.cat([idx.reshape(-1), zp]), torch.cat([cols.reshape(-1), zb]),
+                         torch.cat([(cfg.lam * w) * val.reshape(-1), zv]), (P, B))
+
+
+def entity_reset_terms(N_logT: Csr, act_over_tier: ColumnEntries, P: int, cfg: RetrievalConfig, dtype):
+    """Eq. 7's entity term as index lists: (passage, question, W_p * ln(1 + sum_e ln(1 + N[p, e]) * act_e / L_e))
+    on the passages of each question's active entities, one entry per (passage, question)."""
     a = act_over_tier
     owner, pos, _ = kernels.segment_positions(N_logT.crow, a.row)
     keys = a.col.index_select(0, owner) * P + N_logT.col.index_select(0, pos).to(torch.int64)
-    z = N_logT.val.index_select(0, pos).to(sim.dtype) * a.val.to(sim.dtype).index_select(0, owner)
+    z = N_logT.val.index_select(0, pos).to(dtype) * a.val.to(dtype).index_select(0, owner)
     zk, inv = torch.unique(keys, return_inverse=True)
-    zv = torch.zeros(zk.numel(), dtype=sim.dtype, device=sim.device).index_add_(0, inv, z)
-    w = cfg.passage_node_weight
-    row = torch.cat([idx.reshape(-1), zk % P])
-    col = torch.cat([cols.reshape(-1), torch.div(zk, P, rounding_mode="floor")])
-    return ColumnEntries(row, col, torch.cat([(cfg.lam * w) * val.reshape(-1), torch.log1p_(zv).mul_(w)]), (P, B))
+    zv = torch.zeros(zk.numel(), dtype=dtype, device=keys.device).index_add_(0, inv, z)
+    return zk % P, torch.div(zk, P, rounding_mode="floor"), torch.log1p_(zv).mul_(cfg.passage_node_weight)
 
 
 @dataclass
