@@ -150,6 +150,13 @@ def serve(index_dir, settings: ServeSettings, llm=None) -> int:
     # probes) requests at work uvicorn answers 503, and the kernel's queue of connections not yet accepted is as
     # long (uvicorn's backlog); one access log line per request at --log-level info (the default) or debug,
     # refusals sampled (RefusalLogSampler)
+    return run_server(app, service, settings, f"cannot serve {index_dir}")
+
+
+def run_server(app, service, settings: ServeSettings, failure: str) -> int:
+    """Run ``app`` under uvicorn until it stops (``service``: what holds the metrics and reports a fatal error
+    through ``on_fatal``, a LinearRAGService or a Store); 1 with "linearrag serve: error: FAILURE: the error" on
+    stderr when the service failed, else 0."""
     limit = connection_limit(settings)
     config = uvicorn_config(app, settings, service.metrics, log_level=settings.log_level,
                             timeout_graceful_shutdown=settings.graceful_timeout, access_log=True,
@@ -165,7 +172,7 @@ def serve(index_dir, settings: ServeSettings, llm=None) -> int:
     service.on_fatal = fatal
     server.run()
     if failed:
-        print(f"linearrag serve: error: cannot serve {index_dir}: {failed[0]}", file=sys.stderr)
+        print(f"linearrag serve: error: {failure}: {failed[0]}", file=sys.stderr)
         return 1
     return 0
 

@@ -25,7 +25,6 @@ import asyncio
 import importlib.util
 import logging
 import re
-import sys
 import time
 from typing import Any
 
@@ -430,30 +429,12 @@ def create_store_app(store: Store, early_admission: bool = True, mcp: bool | Non
 
 def serve_store(paths, settings, llm=None) -> int:
     """`linearrag serve PATH... ` as a store: run until SIGINT/SIGTERM; 0 on a clean stop, 1 when no index loaded."""
-    from .app import RefusalLogSampler, _server_class, connection_limit
-    from .connections import uvicorn_config
+    from .app import run_server
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     store = Store(paths, settings, llm=llm)
     app = StoreAdmission(create_store_app(store, early_admission=False), store)
-    limit = connection_limit(settings)
-    config = uvicorn_config(app, settings, store.metrics, log_level=settings.log_level,
-                            timeout_graceful_shutdown=settings.graceful_timeout, access_log=True,
-                            limit_concurrency=limit, backlog=min(2048, limit))
-    server = _server_class()(config)
-    logging.getLogger("uvicorn.access").addFilter(RefusalLogSampler())
-    failed = []
-
-    def fatal(exc):
-        failed.append(exc)
-        server.should_exit = True
-
-    store.on_fatal = fatal
-    server.run()
-    if failed:
-        print(f"linearrag serve: error: no index could be served: {failed[0]}", file=sys.stderr)
-        return 1
-    return 0
+    return run_server(app, store, settings, "no index could be served")
 
 
 __all__ = ["StoreAdmission", "create_store_app", "serve_store", "store_router", "write_models"]
