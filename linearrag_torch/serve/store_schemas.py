@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Optional, Union
 
 from fastapi.encoders import jsonable_encoder
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationError, create_model
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError, create_model
 
 from . import schemas
 from .front import REQUEST_ID_HEADER, HTTPError, HTTPFront
@@ -51,8 +51,10 @@ def inline_refs(schema: dict) -> dict:
 
 def write_models(s) -> tuple:
     """(AddPassages, DeletePassages, CreateIndex): the write and admin bodies with this server's limits."""
-    PassageId = Union[Annotated[StrictInt, Field(ge=-2 ** 63, le=2 ** 63 - 1)],
-                      Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS), AfterValidator(_utf8)]]
+    # JSON Schema's integer takes whole floats (-3629.0): schemas._whole makes them ints before the strict check
+    PassageId = Annotated[Union[Annotated[StrictInt, Field(ge=-2 ** 63, le=2 ** 63 - 1)],
+                                Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS), AfterValidator(_utf8)]],
+                          BeforeValidator(schemas._whole)]
     Passage = create_model(
         "PassageIn", __config__=ConfigDict(extra="forbid", strict=True),
         id=(Optional[PassageId], Field(None, description="the passage's id (default: its position in the index); "

@@ -287,3 +287,18 @@ def test_a_keys_file_names_its_mistakes(tmp_path):
         f.write_bytes(content)
         with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("]", r"\]")):
             Keys.load(f)
+
+
+def test_a_passage_id_is_an_integer_as_json_schema_says_or_a_string():
+    """JSON Schema's integer is any number without a fraction: -3629.0 is the id -3629 (schemathesis sends such);
+    1.5, true and "" are refused."""
+    from pydantic import ValidationError
+
+    from linearrag_torch.serve.store_schemas import write_models
+
+    add, delete, _ = write_models(ServeSettings(**{"max_write_passages": 3}))
+    assert delete.model_validate({"ids": ["x", -1099511627775.0, 7]}).ids == ["x", -1099511627775, 7]
+    assert add.model_validate({"passages": [{"text": "a", "id": -3629.0}]}).passages[0].id == -3629
+    for bad in (1.5, True, "", 2.0 ** 64):
+        with pytest.raises(ValidationError):
+            delete.model_validate({"ids": [bad]})
