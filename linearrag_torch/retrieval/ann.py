@@ -179,15 +179,17 @@ class AnnIndex:
         faiss = _faiss()
         faiss.omp_set_num_threads(torch.get_num_threads())
         t0 = time.perf_counter()
+        # the probe goes with the call (SearchParameters), not into the shared index: concurrent searches with
+        # different probes (two requests' settings) cannot see each other's
         if self.kind == "ivf":
-            self.index.nprobe = min(probe, self.index.nlist)
+            params = faiss.SearchParametersIVF(nprobe=min(probe, self.index.nlist))
         else:
-            self.index.hnsw.efSearch = max(probe, k)
+            params = faiss.SearchParametersHNSW(efSearch=max(probe, k))
         q = _host32(queries)
         if q.shape[0] == 0 or k == 0:
             dist = torch.zeros((q.shape[0], k), dtype=torch.float32)
             return dist, torch.full((q.shape[0], k), -1, dtype=torch.int64)
-        dist, ids = self.index.search(q, k)
+        dist, ids = self.index.search(q, k, params=params)
         self.searches.append((q.shape[0], k, time.perf_counter() - t0))
         ids = torch.from_numpy(ids).to(torch.int64)
         dist = torch.from_numpy(dist)

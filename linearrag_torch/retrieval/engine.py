@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import torch
 
 from ..env import native_half
-from . import ann, pairs, rerank_stage, stages
+from . import ann, local_round, pairs, rerank_stage, stages
 from .activation import WHOLE_INDEX, ColumnEntries, NearestMemo
 from ..config import RetrievalConfig
 from ..index import TriGraphIndex
@@ -239,6 +239,8 @@ class DeviceGraph:
         rows = walk.to_entities.shape[0] if walk is not None else E
         if cfg.ppr_mode == "local" and cfg.use_ppr:
             rows = 0  # the push's table grows with its threshold, not with the corpus
+        if local_round.asked(cfg, self.device):  # no [P, B] tensor: the ANN's candidates (index lists of 3 words)
+            P = min(P, cfg.reset_passages + cfg.reset_passages // ann.PASSAGE_OVERSAMPLE + ann.ENTITY_CANDIDATES)
         paper = cfg.use_activation and cfg.mode == "paper"
         return BYTES_PER_PASSAGE * P + BYTES_PER_WALK_ROW * rows + (BYTES_PER_ENTITY_PAPER * E if paper else 0)
 

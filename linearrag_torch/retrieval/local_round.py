@@ -23,11 +23,17 @@ from .local_ppr import local_pagerank
 from .pagerank import entity_reset_terms
 
 
-def applies(graph, cfg: RetrievalConfig) -> bool:
-    """Whether a graph round of ``cfg`` on ``graph`` runs here: the local PageRank with a sparse reset and an ANN
-    stage that runs on the graph's device (ann.stage; a GPU graph keeps the exact product)."""
+def asked(cfg: RetrievalConfig, device: torch.device) -> bool:
+    """Whether ``cfg`` asks for this round on ``device``: the local PageRank with a sparse reset and an ANN stage,
+    on the CPU (where FAISS runs; a GPU graph keeps the exact product). ``applies`` also needs the index built."""
     return (cfg.use_ppr and cfg.ppr_mode == "local" and cfg.reset_passages > 0 and cfg.ann != "exact"
-            and ann.stage(graph, "passage", cfg) is not None)
+            and torch.device(device).type == "cpu")
+
+
+def applies(graph, cfg: RetrievalConfig) -> bool:
+    """Whether a graph round of ``cfg`` on ``graph`` runs here: ``asked``, and the graph's passage ANN stage is
+    there (ann.stage, built on first use)."""
+    return asked(cfg, graph.device) and ann.stage(graph, "passage", cfg) is not None
 
 
 def local_chunk(graph, queries: EncodedQueries, cfg: RetrievalConfig, trace: bool, steps, activate, Trace):

@@ -149,3 +149,46 @@ def test_missing_faiss_is_a_clear_error(monkeypatch):
     index = random_index(50, 80, dim=16, seed=1)
     with pytest.raises(ImportError, match=r"linearrag_torch\[ann\]"):
         retrieve(DeviceGraph(index), random_queries(index, batch=2), RetrievalConfig(ann="hnsw"))
+
+
+@pytest.mark.parametrize("kind", ["ivf", "hnsw"])
+def test_a_search_probe_goes_with_the_call_not_into_the_shared_index(kind):
+    """Two searches with different probes, one after the other or at once from two threads (as two requests'
+    settings do), each get their own probe's answer: the probe is never left in the index for the next search."""
+    import threading
+
+    vecs = torch.nn.functional.normalize(torch.randn(3000, 16, generator=torch.Generator().manual_seed(0)), dim=1)
+    q = vecs[:40] + 0.3 * torch.randn(40, 16, generator=torch.Generator().manual_seed(1))
+    st = ann.AnnIndex.build(vecs, kind, lists=30)
+    before = st.index.nprobe if kind == "ivf" else st.index.hnsw.efSearch
+    narrow, wide = (1, 30) if kind == "ivf" else (10, 400)
+    want = {p: st.search(q, 10, p)[1] for p in (narrow, wide)}
+    assert not torch.equal(want[narrow], want[wide])  # the probes give different answers here
+    assert (st.index.nprobe if kind == "ivf" else st.index.hnsw.efSearch) == before
+    got, errors = {narrow: [], wide: []}, []
+
+    def run(p):
+        try:
+            for _ in range(30):
+                got[p].append(st.search(q, 10, p)[1])
+        except Exception as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in (narrow, wide)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    for p in (narrow, wide):
+        assert len(got[p]) == 30 and all(torch.equal(g, want[p]) for g in got[p])
+
+
+def test_the_local_ann_round_sizes_its_chunks_without_the_corpus():
+    """The ANN's local round forms no [P, B] tensor: its working memory per question (what sizes a batch's
+    chunks) does not grow with the passages, where the exact round's does."""
+    local = RetrievalConfig(ppr_mode="local", reset_passages=50, ann="ivf")
+    small, large = (DeviceGraph(random_index(P, seed=0)) for P in (200, 2000))
+    assert small.bytes_per_question(local) == large.bytes_per_question(local)
+    assert large.bytes_per_question(RetrievalConfig()) > small.bytes_per_question(RetrievalConfig())
+    assert large.bytes_per_question(local) < large.bytes_per_question(local.replace(ann="exact"))
