@@ -68,6 +68,8 @@ def run(args) -> int:
     except ImportError as exc:
         raise ValueError(f"serving needs the 'serve' extra: pip install 'linearrag_torch[serve]' ({exc})") from None
     ray_settings = settings_from_args(RaySettings, args)
+    if not ray_settings.ray and ray_settings != RaySettings():  # before the folders: a flag error names the flag
+        raise ValueError("the Ray Serve settings (--replicas, --autoscale, ...) need --ray")
     if is_store(args):
         if ray_settings.ray:
             raise ValueError("--ray serves one index folder; a store (several folders, --store, --keys-file) runs "
@@ -84,8 +86,6 @@ def run(args) -> int:
         _check_port(args.host, args.port)
         return serve_store(args.index_dir, settings_from_args(ServeSettings, args), _llm(args))
     args.index_dir = args.index_dir[0]
-    if not ray_settings.ray and ray_settings != RaySettings():
-        raise ValueError("the Ray Serve settings (--replicas, --autoscale, ...) need --ray")
     open_index_dir(args.index_dir)  # a clear error now for a folder that holds no index
     require_encoder_backend(getattr(args, "encoder_backend", "torch"))
     if not (ray_settings.ray and ray_settings.ray_address):  # a remote cluster's nodes bind it, not this one
