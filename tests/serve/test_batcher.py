@@ -290,3 +290,44 @@ def test_groups_share_the_engine_and_a_busy_one_does_not_starve_a_quiet_one():
         return position
 
     assert run(fifo()) > 10
+
+
+def test_a_busy_group_is_bounded_in_time_while_a_quieter_one_is_active(monkeypatch):
+    """With groups (a store's indexes): while a quiet index's closed-loop client is active, the busy index's
+    batches are cut to about the quiet one's batch time (here a question's worth, at least an eighth of
+    max_batch_size), so the quiet client waits behind about one short batch per question instead of a full one;
+    the busy index alone, before and after, runs full batches."""
+    import linearrag_torch.serve.batcher as batcher_module
+
+    monkeypatch.setattr(batcher_module, "GROUP_ACTIVE_S", 0.3)
+
+    class PerQuestion(Recorder):  # an engine whose time grows with the batch
+        def __call__(self, key, questions):
+            time.sleep(0.004 * len(questions))
+            return super().__call__(key, questions)
+
+    rec = PerQuestion()
+
+    async def main():
+        b = Batcher(rec, max_batch_size=16, max_wait_ms=0, group=lambda key: key[0])
+        b.start()
+        busy = [asyncio.ensure_future(b.submit(("B", "cfg"), [f"b{i}"])) for i in range(600)]
+        while len(rec.batches) < 4:  # B alone for a few batches
+            await asyncio.sleep(0.005)
+        first_a = len(rec.batches)
+        for i in range(12):  # one closed-loop client of A
+            await b.submit(("A", "cfg"), [f"a{i}"])
+        last_a = len(rec.batches)
+        await asyncio.gather(*busy)
+        await b.stop()
+        return first_a, last_a
+
+    first_a, last_a = run(main())
+    sizes = [(k[0], len(q)) for k, q in rec.batches]
+    assert all(n == 16 for g, n in sizes[:first_a]), sizes[:first_a]  # B alone: full batches
+    a_at = [i for i, (g, _) in enumerate(sizes) if g == "A"]
+    assert len(a_at) == 12 and a_at[-1] < last_a
+    between = sizes[a_at[0] + 1:a_at[-1]]
+    assert all(n <= 8 for g, n in between if g == "B"), between  # cut to about A's batch time
+    assert all(j - i <= 3 for i, j in zip(a_at, a_at[1:])), a_at  # A waits behind a short batch or two a question
+    assert all(g == "B" and n == 16 for g, n in sizes[-4:-1]), sizes[-4:]  # A gone: B's full batches again
