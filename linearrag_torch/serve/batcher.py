@@ -38,7 +38,9 @@ holds at most the units the group runs, at its own recent pace, in the time of t
 least GROUP_MIN_SHARE of max_batch_size). So a quiet index's client waits behind about one batch of its own
 length, not behind a busy index's full batch: without the bound, 8 closed-loop clients of a quiet index waited a
 second a question behind each full batch of the busy one. A group alone (or the one below the others' engine
-time) is never bounded: one busy index keeps its full batches.
+time) is never bounded: one busy index keeps its full batches. A group that comes back from idle brings no credit
+(its engine seconds lifted to the fewest of the active groups'), so an index that had the engine to itself is not
+made to wait for the returning one to catch up.
 
 The engine results of one question do not depend on the batch it rode in (the engine's chunking
 contract), so batching changes throughput and latency, never answers.
@@ -124,6 +126,7 @@ class Batcher:
         self._group_batch_s: dict = {}
         self._group_ran_at: dict = {}
         self._waiting_groups: set = set()  # the groups with questions queued when the last batch was taken
+        self._group_seen: dict = {}  # when each group last submitted a request
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait_ms / 1000.0
         self.gather = gather_ms / 1000.0
@@ -176,6 +179,8 @@ class Batcher:
         heavy = self.cost is not None and sum(costs) > self.heavy_cost
         if heavy:
             self._arrives_heavy()
+        if self.group is not None:
+            self._group_arrives(self.group(key))
         try:
             for part, work, last in self._parts(questions, costs, heavy):
                 e = _Entry(key, part, loop.create_future(), work, heavy=heavy, last=last)
@@ -203,6 +208,22 @@ class Batcher:
             fair = self.heavy_share / (1.0 - self.heavy_share) * self._served[False]
             self._served[True] = max(self._served[True], fair)
         self._heavy_inside += 1
+
+    def _group_arrives(self, g: Hashable) -> None:
+        """A request of group ``g``. A group that was idle (nothing submitted and no batch within GROUP_ACTIVE_S)
+        brings no credit: its engine seconds are lifted to the fewest of the active groups' (as a heavy request into
+        an idle class). Without it, an index that had the engine to itself while the other idled had to wait, on the
+        other's return, until the other's decayed seconds caught up with its own: seconds of the other's full
+        batches, its queue growing meanwhile."""
+        now = time.perf_counter()
+        last = max(self._group_ran_at.get(g, float("-inf")), self._group_seen.get(g, float("-inf")))
+        self._group_seen[g] = now
+        if now - last <= GROUP_ACTIVE_S:
+            return
+        active = [self._group_served.get(h, 0.0) for h, t in self._group_seen.items()
+                  if h != g and now - max(t, self._group_ran_at.get(h, float("-inf"))) <= GROUP_ACTIVE_S]
+        if active:
+            self._group_served[g] = max(self._group_served.get(g, 0.0), min(active))
 
     def _parts(self, questions: list, costs: list, heavy: bool):
         """(part, its work, whether it is the last) of at most max_batch_size questions and ``_part_units(heavy)``
@@ -329,7 +350,7 @@ class Batcher:
         g = self.group(batch[0].key)
         self._group_ran_at[g] = now
         for h in [h for h, t in self._group_ran_at.items() if now - t > GROUP_FORGET_S]:
-            for d in (self._group_ran_at, self._group_pace, self._group_batch_s):
+            for d in (self._group_ran_at, self._group_pace, self._group_batch_s, self._group_seen):
                 d.pop(h, None)
         units = sum(e.work for e in batch) if self.cost is not None else sum(len(e.questions) for e in batch)
         if not ok or units <= 0 or engine_s <= 0:

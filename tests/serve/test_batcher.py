@@ -331,3 +331,52 @@ def test_a_busy_group_is_bounded_in_time_while_a_quieter_one_is_active(monkeypat
     assert all(n <= 8 for g, n in between if g == "B"), between  # cut to about A's batch time
     assert all(j - i <= 3 for i, j in zip(a_at, a_at[1:])), a_at  # A waits behind a short batch or two a question
     assert all(g == "B" and n == 16 for g, n in sizes[-4:-1]), sizes[-4:]  # A gone: B's full batches again
+
+
+def test_a_group_back_from_idle_brings_no_credit():
+    """An index that had the engine to itself (8 closed-loop clients) is not made to wait, when a busy index comes
+    back with a long queue, for the busy one's engine seconds to catch up with its own: its questions go within a
+    batch or two of the busy index's from the start (without the lift it waited behind many full batches)."""
+
+    class PerQuestion(Recorder):
+        def __call__(self, key, questions):
+            time.sleep(0.004 * len(questions))
+            return super().__call__(key, questions)
+
+    rec = PerQuestion()
+
+    async def main():
+        b = Batcher(rec, max_batch_size=16, max_wait_ms=0, group=lambda key: key[0])
+        b.start()
+        stop = asyncio.Event()
+
+        async def client(i):  # one of A's closed-loop clients
+            k = 0
+            while not stop.is_set():
+                await b.submit(("A", "cfg"), [f"a{i}-{k}"])
+                k += 1
+
+        clients = [asyncio.ensure_future(client(i)) for i in range(8)]
+        while len(rec.batches) < 40:  # A alone: ~1.3 s of engine time to its name
+            await asyncio.sleep(0.01)
+        b_from = len(rec.batches)
+        busy = [asyncio.ensure_future(b.submit(("B", "cfg"), [f"b{i}"])) for i in range(400)]
+        while len([1 for k, _ in rec.batches[b_from:] if k[0] == "B"]) < 12:
+            await asyncio.sleep(0.01)
+        stop.set()
+        await asyncio.gather(*clients)
+        await asyncio.gather(*busy)
+        await b.stop()
+        return b_from
+
+    b_from = run(main())
+    after = [k[0] for k, _ in rec.batches[b_from:]]
+    first_b = after.index("B")
+    runs_of_b, n = [], 0
+    for g in after[first_b:]:
+        if g == "B":
+            n += 1
+        else:
+            runs_of_b.append(n)
+            n = 0
+    assert runs_of_b and max(runs_of_b[:6]) <= 2, after[:40]  # A's clients wait behind a batch or two of B's
