@@ -1,6 +1,7 @@
 """The dynamic batcher on its own: coalescing, limits of a batch, settings kept apart, cancellation,
 errors. The engine here is a recording function, so each batch it was handed can be checked."""
 import asyncio
+import itertools
 import threading
 import time
 
@@ -329,7 +330,7 @@ def test_a_busy_group_is_bounded_in_time_while_a_quieter_one_is_active(monkeypat
     assert len(a_at) == 12 and a_at[-1] < last_a
     between = sizes[a_at[0] + 1:a_at[-1]]
     assert all(n <= 8 for g, n in between if g == "B"), between  # cut to about A's batch time
-    assert all(j - i <= 3 for i, j in zip(a_at, a_at[1:])), a_at  # A waits behind a short batch or two a question
+    assert all(j - i <= 3 for i, j in itertools.pairwise(a_at)), a_at  # A waits behind a short batch or two a question
     assert all(g == "B" and n == 16 for g, n in sizes[-4:-1]), sizes[-4:]  # A gone: B's full batches again
 
 
