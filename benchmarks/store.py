@@ -67,7 +67,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        self.log = open(log_path or os.devnull, "ab")
+        self.log = open(log_path or os.devnull, "ab")  # noqa: SIM115 (the server's log, open while it runs; stop closes it)
         self.proc = subprocess.Popen([sys.executable, "-m", "linearrag_torch.cli", "serve", *map(str, paths), "--store",
                                       "--port", str(self.port), "--log-level", "warning", "--no-mcp", *flags],
                                      env=env, stdout=self.log, stderr=self.log, cwd=ROOT)
@@ -278,7 +278,7 @@ def run_kill(args) -> dict:
         delay = rng.uniform(args.min_delay, args.max_delay)
         sent, acked = [], []
 
-        def writer():
+        def writer(srv=srv, sent=sent, acked=acked):  # this trial's, even if a thread outlived its join
             nonlocal nxt
             with httpx.Client(timeout=600) as c:
                 while nxt < len(batches):
