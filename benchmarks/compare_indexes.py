@@ -4,7 +4,9 @@
 
 Prints one JSON object: whether the strings, the matrices M, C, N, PS and the NER record are identical,
 the largest |difference| of each embedding matrix, and, for every question in both retrieval modes,
-whether the top-k passage ids are identical and the largest |score difference|. Exit status 0 when
+whether the top-k passage ids are identical and the largest |score difference|; for each question whose
+top-k differs (the first 20), both lists to top-k + 3 with their scores and the gap between the k-th score and
+the next (a near tie that a small difference of the vectors reorders, or a real difference). Exit status 0 when
 everything that must be exact is, every top-k list is identical and every score is within 1e-5.
 
 The 2wiki figures of the add/delete work were made with the CLI, e.g. (H = the first half of the
@@ -58,8 +60,17 @@ def compare(a_dir, b_dir, questions: list, top_k: int = 5, batch: int = 128) -> 
             ha += A.hits(A.retrieve(encoded, cfg))
             hb += B.hits(B.retrieve(encoded, cfg))
         differing = [i for i, (x, y) in enumerate(zip(ha, hb)) if [h.id for h in x] != [h.id for h in y]]
+        detail = []  # each differing question's lists a little past the cut, with their scores: a near tie or not
+        for i in differing[:20]:
+            encoded = A.encode_queries([questions[i]])
+            cfg = A.config.replace(mode=mode, top_k=top_k + 3)
+            xa, xb = A.hits(A.retrieve(encoded, cfg))[0], B.hits(B.retrieve(encoded, cfg))[0]
+            detail.append({"question": i, "a": [[str(h.id), float(h.score)] for h in xa],
+                           "b": [[str(h.id), float(h.score)] for h in xb],
+                           "gap_at_cut_a": float(xa[top_k - 1].score - xa[top_k].score) if len(xa) > top_k else None,
+                           "gap_at_cut_b": float(xb[top_k - 1].score - xb[top_k].score) if len(xb) > top_k else None})
         out[mode] = {"questions": len(questions), "same_top_k_ids": len(questions) - len(differing),
-                     "differing": differing[:20],
+                     "differing": differing[:20], "differing_detail": detail,
                      "max_abs_score_diff": max((abs(h.score - g.score) for x, y in zip(ha, hb) for h, g in zip(x, y)),
                                                default=0.0)}
     exact = [*out["strings_equal"].values(), *out["matrices_equal"].values(), *(out["ner_equal"] or {}).values()]

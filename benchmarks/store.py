@@ -8,6 +8,7 @@ SIGKILL during the ingest, and one index's throughput while another is overloade
     python -m benchmarks.store kill --index BASE_DIR --more MORE.jsonl [--trials 20] [--seed 0]
     python -m benchmarks.store fairness --indexes A_DIR B_DIR --questions Q.jsonl [--seconds 30] [--clients 8]
     (each with [--out benchmarks/results/store_MODE_DATE.json])
+    python -m benchmarks.store plot-fairness OUT.png FAIRNESS.json...   (the fairness runs side by side)
 
 memory: RSS of a server of A alone, of B alone, and of one server of both (after a few searches on each, so that
 each index's device graph is built); the target: both <= 1.2 x (the larger alone + the smaller's tensors).
@@ -26,7 +27,9 @@ trial's writes (the lock free).
 fairness: A and B served by one store. A's throughput alone with --clients closed-loop clients (each sends its next
 question when answered), then the same while B receives 4x the questions per second it answers alone (open loop,
 each request one question; refusals and all). Also A as an open-loop load at half its alone throughput, alone and
-beside B's overload. The target: A keeps >= 70% of its alone throughput.
+beside B's overload. The target: A keeps >= 70% of its alone throughput. Each phase also records each index's
+engine seconds (share of the phase) and mean batch, from /metrics. The loads are sent by RawPost (bare asyncio
+streams, keep-alive), so that the load generator takes little of the cores the server shares with it.
 """
 from __future__ import annotations
 
@@ -64,7 +67,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        self.log = open(log_path or os.devnull, "ab")
+        self.log = open(log_path or os.devnull, "ab")  # noqa: SIM115 (the server's log, open while it runs; stop closes it)
         self.proc = subprocess.Popen([sys.executable, "-m", "linearrag_torch.cli", "serve", *map(str, paths), "--store",
                                       "--port", str(self.port), "--log-level", "warning", "--no-mcp", *flags],
                                      env=env, stdout=self.log, stderr=self.log, cwd=ROOT)
@@ -275,7 +278,7 @@ def run_kill(args) -> dict:
         delay = rng.uniform(args.min_delay, args.max_delay)
         sent, acked = [], []
 
-        def writer():
+        def writer(srv=srv, sent=sent, acked=acked):  # this trial's, even if a thread outlived its join
             nonlocal nxt
             with httpx.Client(timeout=600) as c:
                 while nxt < len(batches):
@@ -309,8 +312,10 @@ def run_kill(args) -> dict:
                        < len(batches[i])]
             result.update({"acknowledged_lost": lost, "partial_writes": partial, "passages": index.num_passages})
             # a write in flight at the kill that did commit: its batch is there; count it as done for the next trial
+            result["in_flight_committed"] = []  # killed between its commit and its answer: present, not acknowledged
             for i in result["in_flight"]:
                 if all(str(p["id"]) in present for p in batches[i]):
+                    result["in_flight_committed"].append(i)
                     nxt = max(nxt, i + 1)
             with index_lock(folder):  # the dead server's lock is free at once
                 result["lock_free"] = True
@@ -322,57 +327,135 @@ def run_kill(args) -> dict:
     ok = all(t.get("loads_verified") and not t.get("acknowledged_lost") and not t.get("partial_writes")
              and t.get("lock_free") for t in trials)
     shutil.rmtree(work, ignore_errors=True)
-    return {"index": str(args.index), "trials": trials, "acknowledged_writes": len(acknowledged), "all_ok": ok}
+    committed = sum(len(t.get("in_flight_committed", [])) for t in trials)
+    log(f"{len(trials)} trials, {len(acknowledged)} writes acknowledged, {committed} committed but killed before "
+        f"their answer; all verified, none lost, none partial, lock free: {ok}")
+    return {"index": str(args.index), "trials": trials, "acknowledged_writes": len(acknowledged),
+            "in_flight_committed": committed, "all_ok": ok}
 
 
 # ---------------------------------------------------------------------------------------------- fairness
-async def _closed(url, name, questions, clients, seconds) -> dict:
-    import httpx
+class RawPost:
+    """POSTs of prepared JSON bodies over a pool of keep-alive HTTP/1.1 connections on bare asyncio streams: the
+    fairness loads send hundreds of requests a second from the server's own cores, and httpx's per-request work
+    took a large share of them (the measure is the server's, not the load generator's). Returns the status, or the
+    exception's name when the connection failed."""
 
+    def __init__(self, url: str, path: str):
+        from urllib.parse import urlsplit
+
+        u = urlsplit(url)
+        self.host, self.port, self.path = u.hostname, u.port, path
+        self._idle: list = []
+
+    def request_bytes(self, body: dict) -> bytes:
+        data = json.dumps(body).encode()
+        return (f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+
+    async def post(self, raw: bytes, timeout: float = 120.0):
+        conn = self._idle.pop() if self._idle else None
+        while True:  # a pooled connection the server closed meanwhile (keep-alive timeout): again on a new one
+            fresh = conn is None
+            try:
+                reader, writer = conn = conn or await asyncio.open_connection(self.host, self.port)
+                writer.write(raw)
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+                lines = head.decode("latin-1").split("\r\n")
+                status = int(lines[0].split()[1])
+                headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:] if x)}
+                await reader.readexactly(int(headers.get("content-length", "0")))
+                if headers.get("connection", "").lower() == "close":
+                    writer.close()
+                else:
+                    self._idle.append((reader, writer))
+                return status
+            except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError, IndexError) as exc:
+                if conn is not None:
+                    conn[1].close()
+                conn = None
+                if fresh:
+                    return type(exc).__name__
+
+    def close(self) -> None:
+        for _, w in self._idle:
+            w.close()
+        self._idle.clear()
+
+
+async def _closed(url, name, questions, clients, seconds) -> dict:
     done, statuses = [0], {}
     end = time.perf_counter() + seconds
+    client = RawPost(url, f"/v1/indexes/{name}/search")
+    raws = [client.request_bytes({"question": q}) for q in questions]
 
     async def one(i):
-        async with httpx.AsyncClient(timeout=120) as c:
-            k = i
-            while time.perf_counter() < end:
-                r = await c.post(f"{url}/v1/indexes/{name}/search", json={"question": questions[k % len(questions)]})
-                k += clients
-                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
-                if r.status_code == 200:
-                    done[0] += 1
+        k = i
+        while time.perf_counter() < end:
+            status = await client.post(raws[k % len(raws)])
+            k += clients
+            statuses[status] = statuses.get(status, 0) + 1
+            if status == 200:
+                done[0] += 1
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(clients)))
+    client.close()
     return {"answered": done[0], "seconds": time.perf_counter() - t0, "qps": done[0] / (time.perf_counter() - t0),
             "statuses": statuses}
 
 
 async def _open(url, name, questions, rate, seconds) -> dict:
     """Requests of one question at ``rate`` a second, each on its own (not waiting for the others)."""
+    statuses, done, tasks = {}, [0], []
+    client = RawPost(url, f"/v1/indexes/{name}/search")
+    raws = [client.request_bytes({"question": q}) for q in questions]
+
+    async def one(raw):
+        status = await client.post(raw)
+        statuses[status] = statuses.get(status, 0) + 1
+        if status == 200:
+            done[0] += 1
+
+    t0 = time.perf_counter()
+    k = 0
+    while time.perf_counter() - t0 < seconds:
+        tasks.append(asyncio.ensure_future(one(raws[k % len(raws)])))
+        k += 1
+        await asyncio.sleep(max(0.0, t0 + k / rate - time.perf_counter()))
+    sent_for = time.perf_counter() - t0
+    await asyncio.gather(*tasks)
+    client.close()
+    return {"sent": k, "answered": done[0], "seconds": sent_for, "qps": done[0] / sent_for, "statuses": statuses}
+
+
+def engine_counters(url) -> dict:
+    """{index: {"engine_s", "batches", "questions"}} from the server's /metrics (each index's engine seconds, engine
+    calls and questions in them so far)."""
+    import re
+
     import httpx
 
-    statuses, done, tasks = {}, [0], []
-    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as c:
-        async def one(q):
-            try:
-                r = await c.post(f"{url}/v1/indexes/{name}/search", json={"question": q})
-                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
-                if r.status_code == 200:
-                    done[0] += 1
-            except httpx.HTTPError as exc:
-                statuses[type(exc).__name__] = statuses.get(type(exc).__name__, 0) + 1
+    out: dict = {}
+    text = httpx.get(url + "/metrics", timeout=30).text
+    for metric, field in (("linearrag_engine_seconds_sum", "engine_s"), ("linearrag_engine_seconds_count", "batches"),
+                          ("linearrag_batch_size_questions_sum", "questions")):
+        for name, value in re.findall(metric + r'\{index="([^"]+)"\} (\S+)', text):
+            out.setdefault(name, {})[field] = float(value)
+    return out
 
-        t0 = time.perf_counter()
-        k = 0
-        while time.perf_counter() - t0 < seconds:
-            tasks.append(asyncio.ensure_future(one(questions[k % len(questions)])))
-            k += 1
-            await asyncio.sleep(max(0.0, t0 + k / rate - time.perf_counter()))
-        sent_for = time.perf_counter() - t0
-        await asyncio.gather(*tasks)
-    return {"sent": k, "answered": done[0], "seconds": sent_for, "qps": done[0] / sent_for, "statuses": statuses}
+
+def engine_delta(before: dict, after: dict, seconds: float) -> dict:
+    """Each index's engine seconds (and their share of the phase's wall seconds), batches and mean batch between
+    two engine_counters."""
+    out = {}
+    for name, a in after.items():
+        b = before.get(name, {})
+        d = {k: a.get(k, 0.0) - b.get(k, 0.0) for k in ("engine_s", "batches", "questions")}
+        d["busy_share"] = d["engine_s"] / seconds if seconds else None
+        d["mean_batch"] = d["questions"] / d["batches"] if d["batches"] else None
+        out[name] = d
+    return out
 
 
 def run_fairness(args) -> dict:
@@ -384,20 +467,35 @@ def run_fairness(args) -> dict:
             search_some(srv.url, name, qs)
 
         async def main():
-            out = {}
-            out["a_alone_closed"] = await _closed(srv.url, a, qs, args.clients, args.seconds)
+            out, engine = {}, {}
+
+            async def phase(label, *loads):
+                before, t0 = await asyncio.to_thread(engine_counters, srv.url), time.perf_counter()
+                got = await asyncio.gather(*loads)
+                after = await asyncio.to_thread(engine_counters, srv.url)
+                engine[label] = engine_delta(before, after, time.perf_counter() - t0)
+                log(f"{label}: " + ", ".join(f"{n} engine {v['busy_share']:.0%} of the time, mean batch "
+                                             f"{v['mean_batch'] or 0:.1f}" for n, v in engine[label].items()))
+                return got
+
+            out["a_alone_closed"], = await phase("a_alone_closed", _closed(srv.url, a, qs, args.clients, args.seconds))
             log(f"A alone, {args.clients} closed-loop clients: {out['a_alone_closed']['qps']:.1f} q/s")
-            out["b_alone_closed"] = await _closed(srv.url, b, qs[::-1], args.clients, args.seconds)
+            out["b_alone_closed"], = await phase("b_alone_closed",
+                                                 _closed(srv.url, b, qs[::-1], args.clients, args.seconds))
             rate_b = 4 * out["b_alone_closed"]["qps"]
             log(f"B alone: {out['b_alone_closed']['qps']:.1f} q/s; B's overload: {rate_b:.1f} q/s offered")
-            both = await asyncio.gather(_closed(srv.url, a, qs, args.clients, args.seconds),
-                                        _open(srv.url, b, qs[::-1], rate_b, args.seconds))
-            out["a_closed_beside_b_overload"], out["b_overload_beside_a_closed"] = both
+            out["a_closed_beside_b_overload"], out["b_overload_beside_a_closed"] = await phase(
+                "closed_beside_overload", _closed(srv.url, a, qs, args.clients, args.seconds),
+                _open(srv.url, b, qs[::-1], rate_b, args.seconds))
+            log(f"A closed beside B's overload: {out['a_closed_beside_b_overload']['qps']:.1f} q/s")
             rate_a = 0.5 * out["a_alone_closed"]["qps"]
-            out["a_alone_open"] = await _open(srv.url, a, qs, rate_a, args.seconds)
-            both = await asyncio.gather(_open(srv.url, a, qs, rate_a, args.seconds),
-                                        _open(srv.url, b, qs[::-1], rate_b, args.seconds))
-            out["a_open_beside_b_overload"], out["b_overload_beside_a_open"] = both
+            out["a_alone_open"], = await phase("a_alone_open", _open(srv.url, a, qs, rate_a, args.seconds))
+            out["a_open_beside_b_overload"], out["b_overload_beside_a_open"] = await phase(
+                "open_beside_overload", _open(srv.url, a, qs, rate_a, args.seconds),
+                _open(srv.url, b, qs[::-1], rate_b, args.seconds))
+            log(f"A open at {rate_a:.1f} q/s: alone {out['a_alone_open']['qps']:.1f} q/s, beside B's overload "
+                f"{out['a_open_beside_b_overload']['qps']:.1f} q/s")
+            out["engine"] = engine
             return out
 
         out = asyncio.run(main())
@@ -427,7 +525,35 @@ def plot_ingest(out: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def plot_fairness(paths, out: Path) -> None:
+    """A's throughput beside B's overload as a share of A's alone, closed and open loop, one pair of bars per
+    fairness JSON (labelled by its file name), and the 70% target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [(Path(p).stem.replace("store_fairness_", ""), json.loads(Path(p).read_text())) for p in paths]
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(runs)), 3.8))
+    xs = range(len(runs))
+    ax.bar([x - 0.2 for x in xs], [100 * r["closed_kept"] for _, r in runs], 0.4, label="A closed loop (8 clients)")
+    ax.bar([x + 0.2 for x in xs], [100 * r["open_kept"] for _, r in runs], 0.4, label="A open loop at half its capacity")
+    ax.axhline(70, color="k", ls="--", lw=1, label="target 70%")
+    ax.set_xticks(list(xs), [name for name, _ in runs], fontsize=8)
+    ax.set_ylabel("A's throughput beside B at 4x, % of alone")
+    ax.set_ylim(0, 135)
+    ax.legend(fontsize=7, loc="upper center", ncol=3)
+    ax.set_title("Two indexes in one store: A beside B's 4x overload")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
 def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["plot-fairness"]:  # python -m benchmarks.store plot-fairness OUT.png RUN.json...
+        plot_fairness(argv[2:], Path(argv[1]))
+        return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="mode", required=True)
     m = sub.add_parser("memory")

@@ -30,6 +30,18 @@ idled for much of its time in the heavy mix (benchmarks/serve_hostile.py; the fi
 Without it, closed-loop clients split into two halves that alternate on the engine (each half queues
 while the other's batch runs), and every batch holds half of them.
 
+With ``group`` (a store's indexes: ``group(key)`` is the index's name), while several groups have questions waiting,
+a batch starts from the group with the fewest recent engine seconds (decayed as the classes' are), and a batch of
+a group is bounded in time while a group that has had fewer recent engine seconds is active (questions waiting,
+or its last batch ended within GROUP_ACTIVE_S: its clients, just answered, are about to send their next ones): it
+holds at most the units the group runs, at its own recent pace, in the time of that group's recent batches (at
+least GROUP_MIN_SHARE of max_batch_size). So a quiet index's client waits behind about one batch of its own
+length, not behind a busy index's full batch: without the bound, 8 closed-loop clients of a quiet index waited a
+second a question behind each full batch of the busy one. A group alone (or the one below the others' engine
+time) is never bounded: one busy index keeps its full batches. A group that comes back from idle brings no credit
+(its engine seconds lifted to the fewest of the active groups'), so an index that had the engine to itself is not
+made to wait for the returning one to catch up.
+
 The engine results of one question do not depend on the batch it rode in (the engine's chunking
 contract), so batching changes throughput and latency, never answers.
 """
@@ -50,6 +62,9 @@ SERVED_TAU_S = 10.0  # the engine seconds each class ran count with weight exp(-
 PACE_WEIGHT = 0.3  # the paces (seconds per unit of heavy parts, seconds of a light batch): this weight to the last
 LIGHT_RECENT_S = 5.0  # a heavy part is bounded in time while a light batch ran within this many seconds
 GATHER_SHARE = 0.25  # gather_ms: the wait is at most this share of the last engine call's duration
+GROUP_ACTIVE_S = 1.0  # with groups: a group whose last batch ended within this many seconds is active
+GROUP_MIN_SHARE = 0.125  # ... and a batch bounded in time for it still holds this share of max_batch_size units
+GROUP_FORGET_S = 600.0  # a group's pace and batch time are forgotten this long after its last batch
 
 
 @dataclass
@@ -106,6 +121,12 @@ class Batcher:
         # decaying as the classes' do: while several groups wait, a batch starts from the one with the fewest
         self.group = group
         self._group_served: dict = {}
+        # per group, as the heavy parts' pace: engine seconds per unit and of a batch, and when its last batch ended
+        self._group_pace: dict = {}
+        self._group_batch_s: dict = {}
+        self._group_ran_at: dict = {}
+        self._waiting_groups: set = set()  # the groups with questions queued when the last batch was taken
+        self._group_seen: dict = {}  # when each group last submitted a request
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait_ms / 1000.0
         self.gather = gather_ms / 1000.0
@@ -158,6 +179,8 @@ class Batcher:
         heavy = self.cost is not None and sum(costs) > self.heavy_cost
         if heavy:
             self._arrives_heavy()
+        if self.group is not None:
+            self._group_arrives(self.group(key))
         try:
             for part, work, last in self._parts(questions, costs, heavy):
                 e = _Entry(key, part, loop.create_future(), work, heavy=heavy, last=last)
@@ -185,6 +208,22 @@ class Batcher:
             fair = self.heavy_share / (1.0 - self.heavy_share) * self._served[False]
             self._served[True] = max(self._served[True], fair)
         self._heavy_inside += 1
+
+    def _group_arrives(self, g: Hashable) -> None:
+        """A request of group ``g``. A group that was idle (nothing submitted and no batch within GROUP_ACTIVE_S)
+        brings no credit: its engine seconds are lifted to the fewest of the active groups' (as a heavy request into
+        an idle class). Without it, an index that had the engine to itself while the other idled had to wait, on the
+        other's return, until the other's decayed seconds caught up with its own: seconds of the other's full
+        batches, its queue growing meanwhile."""
+        now = time.perf_counter()
+        last = max(self._group_ran_at.get(g, float("-inf")), self._group_seen.get(g, float("-inf")))
+        self._group_seen[g] = now
+        if now - last <= GROUP_ACTIVE_S:
+            return
+        active = [self._group_served.get(h, 0.0) for h, t in self._group_seen.items()
+                  if h != g and now - max(t, self._group_ran_at.get(h, float("-inf"))) <= GROUP_ACTIVE_S]
+        if active:
+            self._group_served[g] = max(self._group_served.get(g, 0.0), min(active))
 
     def _parts(self, questions: list, costs: list, heavy: bool):
         """(part, its work, whether it is the last) of at most max_batch_size questions and ``_part_units(heavy)``
@@ -274,6 +313,7 @@ class Batcher:
                 pos += len(e.questions)
             self._account(batch, engine_s, error is None)
             self.charge(batch[0].key, engine_s)
+            self._account_group(batch, engine_s, error is None)
             if self.on_batch is not None:
                 self.on_batch(BatchStats(len(questions), len(batch), waits, engine_s, error,
                                          sum(e.work for e in batch) if self.cost is not None else None,
@@ -300,6 +340,41 @@ class Batcher:
             self._light_ran_at = time.perf_counter()
             self._light_batch_s = engine_s if self._light_batch_s is None else \
                 (1 - PACE_WEIGHT) * self._light_batch_s + PACE_WEIGHT * engine_s
+
+    def _account_group(self, batch: list[_Entry], engine_s: float, ok: bool) -> None:
+        """With groups: the pace (engine seconds per unit) and the batch time of the batch's group, and when it
+        ended; groups idle for GROUP_FORGET_S are forgotten (a store's dropped indexes)."""
+        if self.group is None:
+            return
+        now = time.perf_counter()
+        g = self.group(batch[0].key)
+        self._group_ran_at[g] = now
+        for h in [h for h, t in self._group_ran_at.items() if now - t > GROUP_FORGET_S]:
+            for d in (self._group_ran_at, self._group_pace, self._group_batch_s, self._group_seen):
+                d.pop(h, None)
+        units = sum(e.work for e in batch) if self.cost is not None else sum(len(e.questions) for e in batch)
+        if not ok or units <= 0 or engine_s <= 0:
+            return
+        pace, old_pace, old_s = engine_s / units, self._group_pace.get(g), self._group_batch_s.get(g)
+        self._group_pace[g] = pace if old_pace is None else (1 - PACE_WEIGHT) * old_pace + PACE_WEIGHT * pace
+        self._group_batch_s[g] = engine_s if old_s is None else (1 - PACE_WEIGHT) * old_s + PACE_WEIGHT * engine_s
+
+    def _group_units(self, g: Hashable, waiting: set) -> float:
+        """The units a batch of group ``g`` may hold (module docstring): max_batch_size, or, while a group with
+        fewer recent engine seconds is active (in ``waiting``, or its last batch ended within GROUP_ACTIVE_S), what
+        ``g`` runs at its recent pace in the longest of those groups' recent batch times, at least GROUP_MIN_SHARE of
+        max_batch_size."""
+        full = float(self.max_batch_size)
+        pace = self._group_pace.get(g)
+        if self.group is None or not pace:
+            return full
+        now, mine = time.perf_counter(), self._group_served.get(g, 0.0)
+        slices = [s for h, s in self._group_batch_s.items()
+                  if h != g and self._group_served.get(h, 0.0) < mine
+                  and (h in waiting or now - self._group_ran_at.get(h, float("-inf")) <= GROUP_ACTIVE_S)]
+        if not slices:
+            return full
+        return min(full, max(GROUP_MIN_SHARE * full, max(slices) / pace))
 
     def charge(self, key: Hashable, engine_s: float) -> None:
         """Count ``engine_s`` engine seconds to the group of ``key`` (a batch, or other engine work such as a store's
@@ -343,6 +418,7 @@ class Batcher:
             if len(waiting) > 1:
                 least = min(waiting, key=lambda g: self._group_served.get(g, 0.0))
                 queue = [e for e in queue if self.group(e.key) == least]
+            self._waiting_groups = waiting
         oldest = queue[0]
         if self.heavy_share is None:
             return oldest
@@ -364,15 +440,19 @@ class Batcher:
         # a light batch takes no heavy part while the heavy ones have had their share: riding along in every light
         # batch, one heavy question each, they took a third of the engine in the heavy mix
         heavy_ok = head.heavy or self.heavy_share is None or below
-        batch, rest, n, work = [head], deque(), len(head.questions), head.work
+        # with groups, the units this batch may hold (bounded in time while a quieter group is active)
+        limit = float(self.max_batch_size) if self.group is None else \
+            self._group_units(self.group(key), self._waiting_groups)
+        units = (lambda e: e.work) if self.cost is not None else (lambda e: len(e.questions))
+        batch, rest, n, work = [head], deque(), len(head.questions), units(head)
         for e in self._queue:
             if e is head:
                 continue
             if e.key == key and n + len(e.questions) <= self.max_batch_size and (heavy_ok or not e.heavy) and \
-                    (not batch or self.cost is None or work + e.work <= self.max_batch_size):
+                    work + units(e) <= limit + 1e-9:
                 batch.append(e)
                 n += len(e.questions)
-                work += e.work
+                work += units(e)
             else:
                 rest.append(e)
         self._queue = rest

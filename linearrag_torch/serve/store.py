@@ -3,11 +3,14 @@
 A ``Store`` holds named indexes (``IndexHost``, one per index folder), one engine thread and one dynamic batcher
 (serve/batcher.py) for all of them. A batch holds the questions of one index only (the batch key starts with the
 index's name), and while several indexes have questions waiting the batcher starts from the index that has had
-the fewest engine seconds lately (``Batcher(group=...)``): a busy index cannot starve a quiet one. Each index has
+the fewest engine seconds lately (``Batcher(group=...)``): a busy index cannot starve a quiet one; and while a
+quieter index is active, the busy index's batches are bounded in time to about the quieter one's (serve/batcher.py),
+so the quiet index's questions wait behind one short batch, not a full one. Each index has
 its own HTTP front (serve/front.py: validation, admission by count and by work, its metrics), so an index under
 overload is refused on its own admission while the others keep theirs. The encoder, spaCy and the reranker are
 loaded once: every index loaded after the first takes the first's models where it uses the same ones
-(``LinearRAG.share_models_from``).
+(``LinearRAG.share_models_from``); so are the NER worker processes (--ner-processes), which are the store's: kept
+while any loaded index uses them, stopped with the last one (``release_ner_pool``) or the server.
 
 Writes (``add``, ``delete``) go through the same path as `linearrag add` / `delete`: under the folder's write lock
 (index/lock.py; a writer in another process gets 409), the incremental update computed on the engine thread
@@ -106,6 +109,16 @@ class IndexHost(LocalEngineHost):
         if rag.index.num_passages:
             super()._warm(rag)
 
+    def _swap(self, rag) -> None:
+        """A reload's swap (LocalEngineHost._swap), except that NER worker processes the new index does not use are
+        the store's to stop: other indexes may use them."""
+        old_pool = self.rag.ner_pool if self.rag is not None else None
+        if old_pool is not None and old_pool is not rag.ner_pool:
+            self.rag.models.detach_ner_pool()
+        super()._swap(rag)
+        if old_pool is not None and old_pool is not rag.ner_pool:
+            self.store.release_ner_pool(old_pool)
+
     def _swap_index(self, index) -> None:
         """Engine thread, between two batches: serve ``index`` (the device graph made here, not in the next
         batch)."""
@@ -188,9 +201,25 @@ class Store:
                 pass
         self._tasks.clear()
         await self.batcher.stop()
-        for host in self.hosts.values():
-            if host.rag is not None and host._started_ner_processes:
-                host.rag.close()
+        pools = {id(h.rag.ner_pool): h.rag.ner_pool for h in self.hosts.values()
+                 if h.rag is not None and h.rag.ner_pool is not None}
+        for pool in pools.values():  # the NER worker processes the indexes started (not the application's)
+            if not self._application_pool(pool):
+                pool.close()
+
+    def _application_pool(self, pool) -> bool:
+        """Whether ``pool`` is the NER worker processes of the models the application gave (``models``): its own."""
+        return self.models is not None and getattr(self.models, "ner_pool", None) is pool
+
+    def release_ner_pool(self, pool) -> None:
+        """NER worker processes an index no longer uses: stopped unless another loaded index uses them (they are
+        shared by every index of the same spaCy model: the store's, not the index's that started them) or they are
+        the application's."""
+        if pool is None or self._application_pool(pool):
+            return
+        if any(h.rag is not None and h.rag.ner_pool is pool for h in self.hosts.values()):
+            return
+        pool.close()
 
     @asynccontextmanager
     async def lifespan(self, app=None):
@@ -405,8 +434,9 @@ class Store:
             await asyncio.sleep(0.05)
         async with host.write_lock:
             rag, host.rag = host.rag, None
-            if rag is not None and host._started_ner_processes:
-                await self.batcher.call(rag.close)  # the NER worker processes it started
+            pool = rag.models.detach_ner_pool() if rag is not None else None
+            if pool is not None:  # stopped if no other index uses them (the store's, not this index's)
+                await self.batcher.call(self.release_ner_pool, pool)
             del rag  # the last reference: its tensors go, and their memory back to the system
             await self.batcher.call(release_freed_memory)
 

@@ -1,6 +1,7 @@
 """The dynamic batcher on its own: coalescing, limits of a batch, settings kept apart, cancellation,
 errors. The engine here is a recording function, so each batch it was handed can be checked."""
 import asyncio
+import itertools
 import threading
 import time
 
@@ -290,3 +291,93 @@ def test_groups_share_the_engine_and_a_busy_one_does_not_starve_a_quiet_one():
         return position
 
     assert run(fifo()) > 10
+
+
+def test_a_busy_group_is_bounded_in_time_while_a_quieter_one_is_active(monkeypatch):
+    """With groups (a store's indexes): while a quiet index's closed-loop client is active, the busy index's
+    batches are cut to about the quiet one's batch time (here a question's worth, at least an eighth of
+    max_batch_size), so the quiet client waits behind about one short batch per question instead of a full one;
+    the busy index alone, before and after, runs full batches."""
+    import linearrag_torch.serve.batcher as batcher_module
+
+    monkeypatch.setattr(batcher_module, "GROUP_ACTIVE_S", 0.3)
+
+    class PerQuestion(Recorder):  # an engine whose time grows with the batch
+        def __call__(self, key, questions):
+            time.sleep(0.004 * len(questions))
+            return super().__call__(key, questions)
+
+    rec = PerQuestion()
+
+    async def main():
+        b = Batcher(rec, max_batch_size=16, max_wait_ms=0, group=lambda key: key[0])
+        b.start()
+        busy = [asyncio.ensure_future(b.submit(("B", "cfg"), [f"b{i}"])) for i in range(600)]
+        while len(rec.batches) < 4:  # B alone for a few batches
+            await asyncio.sleep(0.005)
+        first_a = len(rec.batches)
+        for i in range(12):  # one closed-loop client of A
+            await b.submit(("A", "cfg"), [f"a{i}"])
+        last_a = len(rec.batches)
+        await asyncio.gather(*busy)
+        await b.stop()
+        return first_a, last_a
+
+    first_a, last_a = run(main())
+    sizes = [(k[0], len(q)) for k, q in rec.batches]
+    assert all(n == 16 for g, n in sizes[:first_a]), sizes[:first_a]  # B alone: full batches
+    a_at = [i for i, (g, _) in enumerate(sizes) if g == "A"]
+    assert len(a_at) == 12 and a_at[-1] < last_a
+    between = sizes[a_at[0] + 1:a_at[-1]]
+    assert all(n <= 8 for g, n in between if g == "B"), between  # cut to about A's batch time
+    assert all(j - i <= 3 for i, j in itertools.pairwise(a_at)), a_at  # A waits behind a short batch or two a question
+    assert all(g == "B" and n == 16 for g, n in sizes[-4:-1]), sizes[-4:]  # A gone: B's full batches again
+
+
+def test_a_group_back_from_idle_brings_no_credit():
+    """An index that had the engine to itself (8 closed-loop clients) is not made to wait, when a busy index comes
+    back with a long queue, for the busy one's engine seconds to catch up with its own: its questions go within a
+    batch or two of the busy index's from the start (without the lift it waited behind many full batches)."""
+
+    class PerQuestion(Recorder):
+        def __call__(self, key, questions):
+            time.sleep(0.004 * len(questions))
+            return super().__call__(key, questions)
+
+    rec = PerQuestion()
+
+    async def main():
+        b = Batcher(rec, max_batch_size=16, max_wait_ms=0, group=lambda key: key[0])
+        b.start()
+        stop = asyncio.Event()
+
+        async def client(i):  # one of A's closed-loop clients
+            k = 0
+            while not stop.is_set():
+                await b.submit(("A", "cfg"), [f"a{i}-{k}"])
+                k += 1
+
+        clients = [asyncio.ensure_future(client(i)) for i in range(8)]
+        while len(rec.batches) < 40:  # A alone: ~1.3 s of engine time to its name
+            await asyncio.sleep(0.01)
+        b_from = len(rec.batches)
+        busy = [asyncio.ensure_future(b.submit(("B", "cfg"), [f"b{i}"])) for i in range(400)]
+        while len([1 for k, _ in rec.batches[b_from:] if k[0] == "B"]) < 12:
+            await asyncio.sleep(0.01)
+        stop.set()
+        await asyncio.gather(*clients)
+        await asyncio.gather(*busy)
+        await b.stop()
+        return b_from
+
+    b_from = run(main())
+    after = [k[0] for k, _ in rec.batches[b_from:]]
+    first_b = after.index("B")
+    runs_of_b, n = [], 0
+    for g in after[first_b:]:
+        if g == "B":
+            n += 1
+        else:
+            runs_of_b.append(n)
+            n = 0
+    assert runs_of_b and max(runs_of_b[:6]) <= 2, after[:40]  # A's clients wait behind a batch or two of B's

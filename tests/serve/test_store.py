@@ -174,6 +174,32 @@ def test_writes_over_http_equal_the_library_and_are_on_disk(root, small_rag, tmp
 
 
 # ------------------------------------------------------------------------------------------ admin
+def test_the_ner_worker_processes_are_the_stores_not_the_first_indexs(root, small_rag, small_questions):
+    """--ner-processes in a store: one set of NER worker processes shared by the indexes of one spaCy model.
+    Unloading the index that started them leaves them running for the others (they answer as before, through the
+    workers); unloading the last index that uses them stops them (their processes gone)."""
+    folder, alpha, beta = root
+    qs = [q["question"] for q in small_questions] * 4  # >= 16 questions: the batch goes to the workers
+    assert len(qs) >= 16
+    with Served([folder], models=small_rag, ner_processes=2) as srv, httpx.Client(timeout=TIMEOUT) as c:
+        a, b = srv.store.hosts["alpha"].rag, srv.store.hosts["beta"].rag
+        pool = a.ner_pool
+        assert pool is not None and pool.running and b.ner_pool is pool  # one set, shared
+        pids = list(pool._pool._processes)
+        assert len(pids) == 2 and all(Path(f"/proc/{pid}").exists() for pid in pids)
+        assert c.post(srv.url + "/v1/indexes/alpha/unload").json()["status"] == "unloaded"
+        assert pool.running and b.ner_pool is pool  # beta keeps them
+        assert ids_of(c.post(srv.url + "/v1/indexes/beta/search", json={"questions": qs})) == hits_of(beta, qs)
+        assert pool.running and pool.restarts == 0
+        assert c.post(srv.url + "/v1/indexes/alpha/load").json()["status"] == "ready"  # back: shares them again
+        assert srv.store.hosts["alpha"].rag.ner_pool is pool
+        assert ids_of(c.post(srv.url + "/v1/indexes/alpha/search", json={"questions": qs})) == hits_of(alpha, qs)
+        for name in ("alpha", "beta"):
+            assert c.post(f"{srv.url}/v1/indexes/{name}/unload").json()["status"] == "unloaded"
+        assert not pool.running  # the last index that used them: stopped
+        assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+
+
 def test_create_load_unload_drop(root, small_rag):
     folder, _, _ = root
     with Served([folder], models=small_rag) as srv, httpx.Client(timeout=TIMEOUT) as c:
