@@ -17,6 +17,8 @@ EXTRAS = {
     "bench": ["matplotlib>=3.7", "bm25s>=0.2", "aiohttp>=3.9"],  # aiohttp: benchmarks.serve's clients
     "scatter": ["torch-scatter>=2.1"],  # optional accelerator; compiles from source
     "triton": ["triton>=3.0"],
+    # the local PageRank's forward push on CPU tensors as one compiled loop per question (kernels/numba/push.py)
+    "numba": ["numba>=0.59"],
     # RetrievalConfig.ann "ivf" / "hnsw": FAISS's approximate nearest neighbours (retrieval/ann.py; CPU wheels)
     "ann": ["faiss-cpu>=1.8"],  # the CUDA kernels (CUDA torch wheels usually bring it); CPU: interpreter tests
     # `linearrag index|add --ray`: NER and encoding on a Ray cluster (ray_build.py); `linearrag serve --ray`:
@@ -31,7 +33,7 @@ EXTRAS = {
 }
 # everything optional that installs from PyPI wheels (torch-scatter compiles, Triton is CI's own pin; docs is a
 # tool for writing the site, not a part of the library)
-EXTRAS["all"] = sorted({r for k in ("serve", "mcp", "gen", "langchain", "llamaindex", "haystack", "bench", "ray", "onnx", "ann") for r in EXTRAS[k]})
+EXTRAS["all"] = sorted({r for k in ("serve", "mcp", "gen", "langchain", "llamaindex", "haystack", "bench", "ray", "onnx", "ann", "numba") for r in EXTRAS[k]})
 
 setup(
     name="linearrag_torch",

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from linearrag_torch.retrieval.engine import DeviceGraph
-from linearrag_torch.kernels.backends import torch_scatter_available, triton_available
+from linearrag_torch.kernels.backends import numba_available, torch_scatter_available, triton_available
 from linearrag_torch.queries import EncodedQueries
 from linearrag_torch.retrieval.memory import status_bytes
 from linearrag_torch.synthetic import index_from_mentions, random_embeddings, random_mentions
@@ -117,6 +117,10 @@ def machine(device: torch.device, threads: int) -> dict:
         d["scipy"] = scipy.__version__
     except ImportError:
         pass
+    if numba_available():  # the local PageRank's push on CPU tensors (kernels/push.py)
+        import numba
+
+        d["numba"] = numba.__version__
     if device.type == "cuda":
         d["gpu"] = torch.cuda.get_device_name(device)
         d["description"] = f"{d['gpu']}"
@@ -127,7 +131,7 @@ def machine(device: torch.device, threads: int) -> dict:
 
 def kernel_backends() -> dict:
     """Which optional kernel backends import here (kernels/backends.py)."""
-    return {"triton": triton_available(), "torch_scatter": torch_scatter_available()}
+    return {"triton": triton_available(), "torch_scatter": torch_scatter_available(), "numba": numba_available()}
 
 
 # ----------------------------------------------------------------------------------------- synthetic graph

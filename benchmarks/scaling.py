@@ -520,8 +520,10 @@ def plot(result: dict, png: Path) -> None:
         ax[0, 0].loglog([s["passages"] for s in warm], [s["build_warm_s"] for s in warm], "s--",
                         label=f"the same build again (slope {result['slopes'].get('build_warm') or 0:.2f})")
     ax[0, 0].set(title="structure build time (mentions -> device graph)", xlabel="passages", ylabel="seconds")
-    styles = {"torch": "-", "scipy": "--", "torch local": ":"}
-    for backend in ("torch", "torch local", "scipy"):
+    styles = {"torch": "-", "scipy": "--", "torch local": ":"}  # and "-." for the local mode on an ANN stage
+    backends = ["torch", "torch local", *sorted({r["backend"] for r in rows} - {"torch", "torch local", "scipy"}),
+                "scipy"]
+    for backend in backends:
         for batch in sorted({r["batch"] for r in rows if r["backend"] == backend}):
             pts = sorted((r["passages"], r["queries_per_s"], r["batch"] / r["queries_per_s"]) for r in rows
                          if r["backend"] == backend and r["batch"] == batch)
@@ -530,13 +532,13 @@ def plot(result: dict, png: Path) -> None:
             x, qps, spb = zip(*pts)
             slope = result["slopes"]["per_backend_batch"].get(f"{backend}_batch{batch}")
             lab = f"{backend} batch {batch}" + (f" (slope {slope:.2f})" if slope is not None else "")
-            ax[0, 1].loglog(x, qps, "o" + styles[backend], label=lab)
-            ax[1, 0].loglog(x, spb, "o" + styles[backend], label=lab)
+            ax[0, 1].loglog(x, qps, "o" + styles.get(backend, "-."), label=lab)
+            ax[1, 0].loglog(x, spb, "o" + styles.get(backend, "-."), label=lab)
     ax[0, 1].set(title="query throughput", xlabel="passages", ylabel="questions / s")
     ax[1, 0].set(title="time per call (batch of questions)", xlabel="passages", ylabel="seconds")
     ax[1, 1].semilogx(P, [s["index_bytes_per_passage"] for s in sizes], "o-", label="index (embeddings + CSR)")
     ax[1, 1].semilogx(P, [s["graph_bytes"] / s["passages"] for s in sizes], "s-", label="device graph (query tensors)")
-    for backend in ("torch", "torch local"):
+    for backend in backends[:-1]:
         peak = sorted((r["passages"], r["peak_mem_bytes"] / r["passages"]) for r in rows
                       if r["backend"] == backend and r["batch"] == max(x["batch"] for x in rows))
         if peak:

@@ -49,7 +49,7 @@ THREADS = Variable(
 KERNELS = Variable(
     "LINEARRAG_KERNELS", "auto",
     "the fused operations of the query path: `auto` (Triton kernels on CUDA tensors when Triton imports, "
-    "torch elsewhere), `torch` (always the torch implementations), `triton` (also on CPU tensors, with "
+    "the local PageRank's compiled numba push on CPU tensors when numba imports, torch elsewhere), `torch` (always the torch implementations), `triton` (also on CPU tensors, with "
     "`TRITON_INTERPRET=1`)",
     "kernels/backends.py")
 CACHE = Variable(

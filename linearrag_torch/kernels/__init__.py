@@ -16,19 +16,22 @@ own classes; a cache that belongs with the caller's tensors comes in as a ``work
 | segment_argmax, top_k_per_segment, segment_positions | segment_topk.py | - | segmented reductions over CSR rows (torch-scatter on CPU when installed) |
 | spmm_sparse_rhs | sparse_rhs.py | - | eq. 7's N_log @ V for a V with few active entities per question |
 | topk_columns | topk.py | - | a stable descending sort of [B, P] for the final top-k |
+| forward_push | push.py | - (numba/push.py on the CPU) | the local PageRank's rounds of pushes and top-k: a sorted table merged a few dozen passes a round |
 
 Adding a CUDA kernel: write ``kernels/triton/<op>.py`` (kernels + a launcher over tensors), call it from
 the op's entry point under ``if use_triton(t):``, and add the equivalence case to tests/kernels/test_kernels.py's
-interpreter script and, for timing, benchmarks/fused_ops.py's ``run_cases``.
+interpreter script and, for timing, benchmarks/fused_ops.py's ``run_cases``. A numba loop for CPU tensors goes in
+``kernels/numba/<op>.py`` (functions at module level, ``cache=True``) behind ``backends.use_numba``.
 """
 from . import backends
 from .ppr import dangling_mass, ppr_step
 from .propagate import propagate_step
+from .push import forward_push
 from .segment_topk import gather_sigma, segment_argmax, segment_positions, segment_topk_sigma, top_k_per_segment
 from .sparse_rhs import spmm_sparse_rhs
 from .topk import topk_columns
 
 __all__ = [
-    "backends", "dangling_mass", "gather_sigma", "ppr_step", "propagate_step", "segment_argmax", "segment_positions",
+    "backends", "dangling_mass", "forward_push", "gather_sigma", "ppr_step", "propagate_step", "segment_argmax", "segment_positions",
     "segment_topk_sigma", "spmm_sparse_rhs", "top_k_per_segment", "topk_columns",
 ]

@@ -4,6 +4,7 @@
 |---|---|---|
 | ``LINEARRAG_KERNELS`` (environment) | ``use_triton`` | ``auto`` (default): Triton for CUDA tensors when Triton imports; ``torch``: the pure-torch fallbacks everywhere (to compare on a GPU); ``triton``: also CPU tensors, in Triton's interpreter, when ``TRITON_INTERPRET=1`` (the equivalence tests) |
 | ``TRITON_INTERPRET=1`` (environment) | ``use_triton`` | read by Triton itself; with ``LINEARRAG_KERNELS=triton`` sends CPU tensors to the kernels |
+| numba installed | ``use_numba`` | the local PageRank's forward push on CPU tensors runs one compiled loop per question (push.py) instead of the torch table; ``LINEARRAG_KERNELS=torch`` keeps the table |
 | torch-scatter installed | ``use_torch_scatter`` | ``segment_argmax`` on CPU tensors uses ``torch_scatter.segment_max_csr`` (one pass) |
 | ``SCIPY_CSR`` (this module) | ``use_scipy_csr`` | CPU CSR building and transposes in ``index.csr.Csr`` go through scipy's linear-time conversions (tests switch it off to check the torch path) |
 
@@ -54,6 +55,22 @@ def torch_scatter_available() -> bool:
     try:
         import torch_scatter  # noqa: F401
     except Exception:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def numba_available() -> bool:
+    """Whether the optional numba package imports (pip install 'linearrag_torch[numba]').
+
+    Returns
+    -------
+    bool
+        True when numba imports (cached).
+    """
+    try:
+        import numba  # noqa: F401
+    except Exception:  # ImportError, or a numba that does not match this numpy
         return False
     return True
 
@@ -114,6 +131,22 @@ def use_torch_scatter(t: torch.Tensor) -> bool:
         it is faster (docs/benchmarks/kernels.md).
     """
     return t.device.type == "cpu" and torch_scatter_available()
+
+
+def use_numba(t: torch.Tensor) -> bool:
+    """Whether the local PageRank's forward push (push.py) runs its compiled numba loop on a tensor.
+
+    Parameters
+    ----------
+    t : torch.Tensor
+        A tensor of the push.
+
+    Returns
+    -------
+    bool
+        True for a CPU tensor when numba imports, unless ``LINEARRAG_KERNELS=torch``.
+    """
+    return t.device.type == "cpu" and kernels_setting() != "torch" and numba_available()
 
 
 def use_scipy_csr(t: torch.Tensor) -> bool:

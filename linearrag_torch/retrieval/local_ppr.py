@@ -12,9 +12,11 @@ dangling term, y = (1 - d) (I - d W)^-1 r (docs/METHOD.md, beside eq. 6): the pu
 A push of node u in question b moves (1 - d) r_u into the estimate p_u and d r_u w[u, v] / str(u) into the
 residual of each neighbour v; a round pushes, for every question at once, every node whose residual
 exceeds ``eps * str(u)`` (degree-normalised: a hub entity is pushed only once its residual is large in
-proportion to its weight, so it does not pull in its whole neighbourhood for a little mass). The state of
-a batch is one table sorted by key ``b * N + node`` (N = P + E) with the residual and the estimate of each
-(question, node) pair touched: no array of the corpus's size per question, no loop over questions. When no
+proportion to its weight, so it does not pull in its whole neighbourhood for a little mass). The rounds run in
+kernels/push.py: on CPU tensors with numba, one compiled loop per question over arrays of the nodes kept between
+calls and reset at the nodes it touched; elsewhere (a GPU) one table of the batch's touched (question, node) pairs
+sorted by key ``b * N + node`` (N = P + E), with no loop over questions. Either way a question's work is its
+pushes, not the corpus. When no
 residual exceeds its threshold (r_u <= eps str(u) for every u), for every node v
 
     0 <= y_v - p_v <= eps * str(v),    sum_v (y_v - p_v) = sum_u r_u
@@ -24,13 +26,13 @@ plus its adjacent passages' weights), so every passage score is within eps / (1 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..config import RetrievalConfig
 from ..index.csr import Csr
-from ..kernels import segment_positions
+from ..kernels.push import coalesce, forward_push
 
 
 @dataclass
@@ -38,13 +40,15 @@ class PushGraph:
     """The walk of eq. 6 as one CSR over the P + E nodes (passages first), for the forward push.
 
     crow, col [N + 1], [nnz]: each node's neighbours; val [nnz] float32: w[u, v] / str(u) (row u);
-    strength [N] float32: str(u) (0 for an isolated node, which is always pushed)."""
+    strength [N] float32: str(u) (0 for an isolated node, which is always pushed); workspace: what the push keeps
+    between calls (kernels.push.forward_push)."""
 
     crow: torch.Tensor
     col: torch.Tensor
     val: torch.Tensor
     strength: torch.Tensor
     num_passages: int
+    workspace: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_nodes(self) -> int:
@@ -101,45 +105,6 @@ class PushStats:
     columns: int
 
 
-def _coalesce(keys: torch.Tensor, *values: torch.Tensor):
-    """Sorted distinct keys and each value summed over equal keys."""
-    uniq, inv = torch.unique(keys, return_inverse=True)
-    return (uniq, *(torch.zeros(uniq.numel(), dtype=v.dtype, device=v.device).index_add_(0, inv, v)
-                    for v in values))
-
-
-def _merge(table: list, ck: torch.Tensor, cv: torch.Tensor, N: int, strength: torch.Tensor, eps: float) -> list:
-    """Add the residuals ``cv`` at keys ``ck`` to the sorted table [keys, r, p, thr]: summed at
-    the keys already there, the new keys merged in by their ranks (one sort of the contributions, binary
-    searches of sorted keys and a running count; no sort of the table). Returns the table (new arrays when
-    it grew)."""
-    keys, r, p, thr = table
-    ck, cv = _coalesce(ck, cv)
-    T = keys.numel()
-    if T:
-        pos = torch.searchsorted(keys, ck)
-        found = keys.index_select(0, pos.clamp(max=T - 1)) == ck
-        hit = torch.nonzero(found).flatten()
-        r.index_add_(0, pos.index_select(0, hit), cv.index_select(0, hit))
-        fresh = torch.nonzero(~found).flatten()
-        if fresh.numel() == 0:
-            return table
-        nk, nv, ins = ck.index_select(0, fresh), cv.index_select(0, fresh), pos.index_select(0, fresh)
-    else:
-        nk, nv, ins = ck, cv, torch.zeros_like(ck)
-    n = nk.numel()
-    dev = keys.device
-    # a new key goes before the old key at its insertion point; an old key moves by the new keys before it
-    at_new = torch.arange(n, device=dev) + ins
-    at_old = torch.arange(T, device=dev) + torch.cumsum(torch.bincount(ins, minlength=T + 1)[:T], 0)
-    out = []
-    for old, new in ((keys, nk), (r, nv), (p, torch.zeros_like(nv)), (thr, strength.index_select(0, nk % N) * eps)):
-        t = torch.empty(T + n, dtype=old.dtype, device=dev)
-        t[at_old], t[at_new] = old, new
-        out.append(t)
-    return out
-
-
 def local_pagerank(graph: PushGraph, reset_p, reset_e, batch: int, cfg: RetrievalConfig, k: int,
                    stats: list | None = None):
     """Eq. 6 for a batch by forward push, and each question's top ``k`` passages (module docstring).
@@ -175,7 +140,7 @@ def local_pagerank(graph: PushGraph, reset_p, reset_e, batch: int, cfg: Retrieva
     d = float(cfg.damping)
     keys = torch.cat([reset_p.col * N + reset_p.row, reset_e.col * N + (reset_e.row + P)])
     vals = torch.nan_to_num(torch.cat([reset_p.val.float(), reset_e.val.float()]), nan=0.0).clamp_(min=0)
-    keys, r = _coalesce(keys, vals)
+    keys, r = coalesce(keys, vals)
     col = torch.div(keys, N, rounding_mode="floor")
     total = torch.zeros(batch, dtype=torch.float32, device=dev).index_add_(0, col, r)
     valid = total > 0
@@ -185,47 +150,12 @@ def local_pagerank(graph: PushGraph, reset_p, reset_e, batch: int, cfg: Retrieva
     isolated = graph.strength.index_select(0, node) == 0
     lost = torch.zeros(batch, dtype=torch.float32, device=dev).index_add_(0, col[isolated], r[isolated])
     scale = 1.0 / (1.0 - d * lost)
-    table = [keys, r, torch.zeros_like(r), graph.strength.index_select(0, node) * cfg.ppr_eps]
-    rounds = pushed = 0
-    for rounds in range(1, cfg.ppr_max_iter + 1):
-        keys, r, p, thr = table
-        act = torch.nonzero(r > thr).flatten()
-        # what a round reads back to the host (a sync on a GPU): how many (question, node) pairs it pushes; the
-        # merge's index lists add two more; none of them grows with the batch
-        if act.numel() == 0:
-            break
-        ar = r.index_select(0, act)
-        p.index_add_(0, act, ar * (1.0 - d))
-        r.index_fill_(0, act, 0.0)
-        ak = keys.index_select(0, act)
-        acol = torch.div(ak, N, rounding_mode="floor")
-        owner, pos, _ = segment_positions(graph.crow, ak - acol * N)
-        if pos.numel():
-            pushed += pos.numel()
-            ck = acol.index_select(0, owner) * N + graph.col.index_select(0, pos)
-            cv = ar.index_select(0, owner).mul_(graph.val.index_select(0, pos)).mul_(d)
-            table = _merge(table, ck, cv, N, graph.strength, cfg.ppr_eps)
-    else:
-        rounds = cfg.ppr_max_iter
-    keys, r, p, thr = table
-    col = torch.div(keys, N, rounding_mode="floor")
-    node = keys - col * N
-    # the top k passages of each question among those it touched
-    is_p = node < P
-    pc, pn = col[is_p], node[is_p]
-    ps = p[is_p] * scale.index_select(0, pc)
-    order = torch.argsort(ps, descending=True, stable=True)  # entries are by (question, passage): ties keep it
-    order = order.index_select(0, torch.argsort(pc.index_select(0, order), stable=True))
-    pc, pn, ps = pc.index_select(0, order), pn.index_select(0, order), ps.index_select(0, order)
-    count = torch.bincount(pc, minlength=batch)
-    rank = torch.arange(pc.numel(), device=dev) - (torch.cumsum(count, 0) - count).index_select(0, pc)
-    keep = rank < k
-    indices = torch.full((batch, k), -1, dtype=torch.int64, device=dev)
-    values = torch.zeros((batch, k), dtype=torch.float32, device=dev)
-    indices[pc[keep], rank[keep]] = pn[keep]
-    values[pc[keep], rank[keep]] = ps[keep]
+    indices, values, (rounds, touched, touched_passages, pushed) = forward_push(
+        graph.crow, graph.col, graph.val, graph.strength, keys, r, P, batch, d, float(cfg.ppr_eps),
+        int(cfg.ppr_max_iter), k, graph.workspace)
+    values.mul_(scale[:, None])
     if stats is not None:
-        stats.append(PushStats(rounds, keys.numel(), pc.numel(), pushed, batch))
+        stats.append(PushStats(rounds, touched, touched_passages, pushed, batch))
     return indices, values, valid
 
 

@@ -68,7 +68,10 @@ def graph():
                                  RetrievalConfig(delta=0.2, mode="paper"),
                                  RetrievalConfig(delta=0.2, ppr_mode="local", reset_passages=50)],
                          ids=["default", "two rounds", "paper", "local PageRank"])
-def test_retrieve_reads_the_host_only_for_convergence(graph, cfg):
+def test_retrieve_reads_the_host_only_for_convergence(graph, cfg, monkeypatch):
+    # the local PageRank's push as a GPU runs it (the torch table): its numba loop runs on CPU tensors only, and
+    # reads them as numpy views (no device involved)
+    monkeypatch.setenv("LINEARRAG_KERNELS", "torch")
     retrieve(graph, random_queries(graph.index, 4, seed=1), cfg)  # the chain tables and the PageRank operator
     batch = random_queries(graph.index, 64, seed=3)
     counts = {}

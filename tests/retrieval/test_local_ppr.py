@@ -8,6 +8,7 @@ import torch
 
 from linearrag_torch.config import RetrievalConfig
 from linearrag_torch.index.csr import Csr
+from linearrag_torch.kernels.backends import kernels_mode, numba_available
 from linearrag_torch.retrieval import scipy_backend
 from linearrag_torch.retrieval.activation import ColumnEntries
 from linearrag_torch.retrieval.engine import DeviceGraph, retrieve
@@ -55,7 +56,10 @@ def exact(C: Csr, x: np.ndarray, d: float, adjacent: bool) -> np.ndarray:
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("eps", [1e-3, 1e-4, 1e-6])
-def test_push_is_within_its_bound_of_the_exact_pagerank(seed, eps):
+@pytest.mark.parametrize("kernels", ["auto", "torch"])  # auto: the numba loop where numba imports
+def test_push_is_within_its_bound_of_the_exact_pagerank(seed, eps, kernels):
+    if kernels == "auto" and not numba_available():
+        pytest.skip("numba not installed: 'auto' is the torch table, tested beside")
     P, E, B = 40, 60, 5
     d = [0.5, 0.7, 0.85][seed % 3]
     adjacent = seed % 2 == 1
@@ -64,7 +68,8 @@ def test_push_is_within_its_bound_of_the_exact_pagerank(seed, eps):
     want = exact(C, x, d, adjacent)
     g = PushGraph.build(C, adjacent)
     cfg = RetrievalConfig(damping=d, ppr_eps=eps, ppr_max_iter=10_000)
-    got = local_scores(g, reset, B, cfg).double().numpy()
+    with kernels_mode(kernels):
+        got = local_scores(g, reset, B, cfg).double().numpy()
     strength = g.strength.double().numpy()
     dangling = strength == 0
     total = x.sum(0)
