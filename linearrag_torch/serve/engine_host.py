@@ -9,7 +9,6 @@ import asyncio
 import hashlib
 import logging
 import time
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -18,6 +17,7 @@ from ..config import RetrievalConfig
 from ..retrieval.memory import parse_bytes, release_freed_memory, status_bytes
 from .admission import HEAVY_COST, question_cost, rerank_pairs
 from .batcher import Batcher
+from .host import Lifespan, cancel_tasks
 from .metrics import Metrics
 from .settings import ServeSettings
 
@@ -37,7 +37,7 @@ def index_fingerprint(index_dir: Path) -> str | None:
         return None
 
 
-class LocalEngineHost:
+class LocalEngineHost(Lifespan):
     """One index served in this process (a serve/host.EngineHost). ``rag``: an already loaded LinearRAG (else it is loaded from
     ``index_dir`` when the host starts; ``ready`` is False until then). ``batcher``: a function of the engine
     call (``run_batch(key, questions)``) returning the batcher to use (default: serve/batcher.Batcher with the
@@ -137,25 +137,10 @@ class LocalEngineHost:
 
     async def stop(self) -> None:
         """Stop watching, answer what is queued, stop the engine thread."""
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):
-                pass
-        self._tasks.clear()
+        await cancel_tasks(self._tasks)
         await self.batcher.stop()
         if self.rag is not None and self._started_ner_processes:
             self.rag.close()  # the NER worker processes this service started
-
-    @asynccontextmanager
-    async def lifespan(self, app=None):
-        await self.start()
-        try:
-            yield
-        finally:
-            await self.stop()
 
     async def _first_load(self) -> None:
         try:

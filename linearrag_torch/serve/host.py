@@ -9,7 +9,8 @@ once (``max_in_flight``) and over how many engines (``engines``); the front read
 """
 from __future__ import annotations
 
-from contextlib import AbstractAsyncContextManager
+import asyncio
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Protocol, runtime_checkable
 
 
@@ -50,3 +51,28 @@ class EngineHost(Protocol):
 
     async def info(self) -> dict:
         """What GET /info shows of the engine."""
+
+
+class Lifespan:
+    """``lifespan``: start() on entry, stop() on exit (the ASGI lifespan), for a class with both (the engine hosts,
+    the store)."""
+
+    @asynccontextmanager
+    async def lifespan(self, app=None):
+        await self.start()
+        try:
+            yield
+        finally:
+            await self.stop()
+
+
+async def cancel_tasks(tasks: list) -> None:
+    """Cancel the background tasks of ``tasks``, wait for each to end (whatever it raised), and empty the list."""
+    for t in tasks:
+        t.cancel()
+    for t in tasks:
+        try:
+            await t
+        except (asyncio.CancelledError, Exception):
+            pass
+    tasks.clear()

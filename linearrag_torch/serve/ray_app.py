@@ -37,13 +37,13 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
 from typing import Callable, Hashable, Sequence
 
 from ..runtime.words import count
 from ..config import _f
 from .batcher import BatchStats
+from .host import Lifespan
 from .settings import ServeSettings
 
 log = logging.getLogger("linearrag.serve.ray")
@@ -270,7 +270,7 @@ class LinearRAGEngine:
 
 
 # ---------------------------------------------------------------------------------------------- the ingress
-class RayEngineHost:
+class RayEngineHost(Lifespan):
     """The engine host of the ingress (a serve/host.EngineHost): its searches go to the engine
     deployment through a DeploymentHandle; it holds no index and no models. The engine replicas report the
     statistics of their batches with each answer, so /metrics has the single-process server's series."""
@@ -306,14 +306,6 @@ class RayEngineHost:
 
     async def stop(self) -> None:
         """Nothing to stop here: Ray Serve stops the engine replicas."""
-
-    @asynccontextmanager
-    async def lifespan(self, app=None):
-        await self.start()
-        try:
-            yield
-        finally:
-            await self.stop()
 
     async def hits(self, key: tuple, items: list) -> list:
         from ..corpus import Hit  # deferred: `linearrag serve --help` imports this module

@@ -29,13 +29,13 @@ import logging
 import re
 import shutil
 import time
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 from .admission import HEAVY_COST
 from .batcher import Batcher
 from .engine_host import LocalEngineHost, ReloadRefused, index_fingerprint
 from .front import HTTPError, HTTPFront, Overloaded
+from .host import Lifespan, cancel_tasks
 from .keys import Keys, Principal
 from .metrics import Metrics
 from .settings import ServeSettings
@@ -137,7 +137,7 @@ class IndexHost(LocalEngineHost):
                 "error": self.load_error}
 
 
-class Store:
+class Store(Lifespan):
     """Named indexes served in one process (see the module's docstring). ``paths``: index folders or folders of
     index folders (``discover``); ``root``: where created indexes go (default: the one folder of index folders
     given, if any). ``keys``: the API keys (serve/keys.py; default: --keys-file, else --api-key, else open).
@@ -192,14 +192,7 @@ class Store:
         self._tasks.append(asyncio.get_running_loop().create_task(self._load_all(), name="linearrag-store-load"))
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):
-                pass
-        self._tasks.clear()
+        await cancel_tasks(self._tasks)
         await self.batcher.stop()
         pools = {id(h.rag.ner_pool): h.rag.ner_pool for h in self.hosts.values()
                  if h.rag is not None and h.rag.ner_pool is not None}
@@ -220,14 +213,6 @@ class Store:
         if any(h.rag is not None and h.rag.ner_pool is pool for h in self.hosts.values()):
             return
         pool.close()
-
-    @asynccontextmanager
-    async def lifespan(self, app=None):
-        await self.start()
-        try:
-            yield
-        finally:
-            await self.stop()
 
     async def _load_all(self) -> None:
         """Load the indexes one after the other (on the engine thread: the first load's torch threads are the
