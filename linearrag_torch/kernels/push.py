@@ -104,7 +104,7 @@ def forward_push(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor, stren
     >>> i.tolist(), [round(x, 4) for x in v[0].tolist()]
     ([[0, 1, 2]], [0.5833, 0.3333, 0.0833])
     """
-    if use_numba(keys):
+    if use_numba(keys) and k > 0:  # (k = 0: nothing to rank, and the loop indexes its k-th entry)
         return _numba_push(crow, col, val, strength, keys, residual, num_passages, batch, damping, eps,
                            max_rounds, k, {} if workspace is None else workspace)
     return _torch_push(crow, col, val, strength, keys, residual, num_passages, batch, damping, eps, max_rounds, k)

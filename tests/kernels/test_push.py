@@ -102,3 +102,15 @@ def test_the_torch_table_ranks_equal_estimates_by_the_lower_passage():
         i, v, _ = push(g, torch.tensor([P]), torch.tensor([1.0]), 1, 1e-8, 5, mode)
         assert i[0].tolist() == [0, 1, 2, 3, 4]
         torch.testing.assert_close(v[0], torch.full((5,), v[0, 0].item()))
+
+
+@pytest.mark.parametrize("mode", ["torch", "auto"])
+def test_no_passage_asked_or_no_question(mode):
+    """k = 0 (an index without passages) and a batch of none: empty answers, no error, in both implementations."""
+    g = walk(20, 30, 5)
+    keys, res = reset(g, 3, 5)
+    i, v, stats = push(g, keys, res, 3, 1e-4, 0, mode)
+    assert i.shape == (3, 0) and v.shape == (3, 0)
+    i, v, stats = push(g, keys[:0], res[:0], 0, 1e-4, 5, mode)
+    assert i.shape == (0, 5) and stats[3] == 0
+
