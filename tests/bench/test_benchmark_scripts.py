@@ -18,6 +18,7 @@ def test_gpu_check_smoke_mode_on_cpu(tmp_path):
     for name in ("bandwidth", "agreement", "kernels", "timing", "questions", "graph"):
         assert "error" not in res["sections"][name], res["sections"][name].get("traceback")
     assert res["sections"]["agreement"]["result"]["ok"]
+    assert res["sections"]["agreement"]["result"]["local"]["device_vs_cpu"]["max_rel_err_scores"] < 1e-3
     q = res["sections"]["questions"]["result"]  # the whole question path on a real (tiny) index
     assert [r["batch"] for r in q["rows"]] == [1, 16] and all(r["questions_per_s"] > 0 for r in q["rows"])
     workers = q["rows_question_ner_processes"]  # the batches again with NER in a worker process
