@@ -104,9 +104,9 @@ def run_set(data: Path, index_dir: Path, args) -> dict:
             t = time.perf_counter()
             if graph is not None:
                 out, tr = retrieve(graph, queries, cfg, trace="steps")
-                pushes = tr.ppr_steps.pushes
+                pushes, stage_s = tr.ppr_steps.pushes, dict(getattr(tr.ppr_steps, "stage_s", {}))
             else:
-                out, pushes = rag.retrieve(queries, cfg), []
+                out, pushes, stage_s = rag.retrieve(queries, cfg), [], {}
             sec = time.perf_counter() - t
             top = out.indices[:, :5].tolist()
             key = ("rerank " if rerank else "") + name
@@ -117,6 +117,8 @@ def run_set(data: Path, index_dir: Path, args) -> dict:
                    "top5_same_as_exact": 100.0 * sum(a == b for a, b in zip(top, ref)) / len(top),
                    "ms_per_question": 1e3 * sec / len(top), "questions": len(top),
                    **differences(top, ref, ref_scores)}
+            if stage_s:  # the graph rounds' parts (cosines, seeds and activation, reset, pagerank, top-k)
+                row["stage_ms_per_question"] = {k: 1e3 * v / len(top) for k, v in stage_s.items()}
             if pushes:
                 cols = sum(p.columns for p in pushes)
                 row["ppr_touched_per_question_round"] = sum(p.touched for p in pushes) / cols

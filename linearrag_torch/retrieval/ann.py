@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from ..config import RetrievalConfig
+from ..kernels import gather_sigma
 from .activation import nearest_entities as exact_nearest
 
 # candidates of the ANN per question entity rescored exactly for eq. 3's nearest entity (the quantised scores
@@ -418,11 +419,12 @@ def passage_candidates(graph, query_emb: torch.Tensor, m: int, cfg: RetrievalCon
 
 def _cosines(emb: torch.Tensor, rows: torch.Tensor, q: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """engine.cosines at the (passage rows[i], question cols[i]) pairs, float32: with half ``emb`` the question
-    rounded to its dtype and the sum rounded to it, as the product there."""
+    rounded to its dtype and the sum rounded to it, as the product there. The pairs' rows are gathered in chunks
+    (kernels.gather_sigma): a batch's thousands of candidates a question never stand as one [pairs, D] copy."""
     if emb.dtype == torch.float32:
-        return (emb.index_select(0, rows) * q.index_select(0, cols)).sum(1)
+        return gather_sigma((emb, q), rows, cols)
     qh = q.to(emb.dtype).float()
-    return (emb.index_select(0, rows).float() * qh.index_select(0, cols)).sum(1).to(emb.dtype).float()
+    return gather_sigma((emb, qh), rows, cols).to(emb.dtype).float()
 
 
 def rank_within(col: torch.Tensor, val: torch.Tensor, batch: int):
