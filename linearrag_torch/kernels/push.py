@@ -20,6 +20,7 @@ import threading
 import torch
 
 from .backends import use_numba
+from .segment_topk import segment_positions
 
 
 def coalesce(keys: torch.Tensor, *values: torch.Tensor):
@@ -161,8 +162,6 @@ def _torch_push(crow, col, val, strength, keys, residual, P, batch, d, eps, max_
         r.index_fill_(0, act, 0.0)
         ak = keys.index_select(0, act)
         acol = torch.div(ak, N, rounding_mode="floor")
-        from .segment_topk import segment_positions
-
         owner, pos, _ = segment_positions(crow, ak - acol * N)
         if pos.numel():
             pushed += pos.numel()
@@ -195,8 +194,10 @@ def _scratch(workspace: dict, N: int, P: int):
 
     with workspace.setdefault("push_lock", threading.Lock()):
         free = workspace.setdefault("push_scratch", [])
-        if free:
-            return free.pop()
+        while free:
+            rm, p = free.pop()
+            if rm.shape[0] == N and p.shape[0] == P:  # (arrays of another walk are dropped)
+                return rm, p
     rm = np.zeros((N, 2), np.float32)
     rm[:, 1] = -1.0
     return rm, np.zeros(P, np.float32)
@@ -226,10 +227,6 @@ def _numba_push(crow, col, val, strength, keys, residual, P, batch, d, eps, max_
 
     threads = max(1, min(torch.get_num_threads(), batch))
     bounds = [batch * i // threads for i in range(threads + 1)]
-    if (workspace.get("push_shape") or (N, P)) != (N, P):  # another walk's arrays (the caller's workspace moved)
-        workspace.pop("push_scratch", None)
-    workspace["push_shape"] = (N, P)
-
     def block(lo, hi):
         scratch = _scratch(workspace, N, P)
         kernel(*args, lo, hi, P, d, eps, max_rounds, *scratch, *out)
