@@ -15,7 +15,10 @@ from dataclasses import dataclass, field, fields
 MODES = ("paper", "reference")
 QUESTION_NER = ("always", "fallback", "off")
 RERANKER_PRECISIONS = ("auto", "float32", "bfloat16", "int8")  # rerank.scoring.resolve_precision
-PPR_MODES = ("exact", "local")  # retrieval/pagerank.py (the whole walk), retrieval/local_ppr.py (forward push)
+# retrieval/pagerank.py (the whole walk), retrieval/local_ppr.py (forward push), or one of them by corpus size
+PPR_MODES = ("auto", "exact", "local")
+# ppr_mode "auto" above ppr_local_from with reset_passages 0: the sparse reset's size (docs/tuning.md, "Large corpora")
+AUTO_RESET_PASSAGES = 2000
 RESET_MINMAX = ("global", "top")  # eq. 7's min-max with reset_passages: over all passages or over the top m
 ANN_KINDS = ("exact", "ivf", "hnsw")  # retrieval/ann.py: the nearest-vector stage (the exact product, or FAISS)
 
@@ -94,11 +97,14 @@ class RetrievalConfig:
     # (float32 rounding puts the floor of ppr_tol near 1e-7)
     ppr_tol: float = _f(1e-6, "power-iteration tolerance: a question stops when its L1 change falls below this")
     ppr_max_iter: int = _f(200, "power-iteration cap")
-    ppr_mode: str = _f("exact", "PageRank of eq. 6: 'exact' (iterates over the whole graph until ppr_tol) or "
-                                "'local' (a forward push touching only the nodes whose residual exceeds ppr_eps "
-                                "times their strength; every passage score within ppr_eps of the exact one, "
-                                "docs/METHOD.md)", choices=PPR_MODES)
-    ppr_eps: float = _f(1e-4, "local PageRank: a node is pushed while its residual exceeds this times its strength "
+    ppr_mode: str = _f("auto", "PageRank of eq. 6: 'exact' (iterates over the whole graph until ppr_tol), 'local' "
+                               "(a forward push touching only the nodes whose residual exceeds ppr_eps times their "
+                               "strength; every passage score within ppr_eps of the exact one, docs/METHOD.md) or "
+                               "'auto' (exact below ppr_local_from passages; from there local, with a sparse reset "
+                               f"of {AUTO_RESET_PASSAGES} passages when reset_passages is 0)", choices=PPR_MODES)
+    ppr_local_from: int = _f(100_000, "ppr_mode auto: indexes of at least this many passages take the local "
+                                      "PageRank, smaller ones the exact walk (which is faster there)")
+    ppr_eps: float = _f(1e-5, "local PageRank: a node is pushed while its residual exceeds this times its strength "
                               "(smaller: closer to exact, more work)")
     reset_passages: int = _f(0, "eq. 7's dense term only for each question's this many passages most similar to it "
                                 "(0: every passage; the passages holding active entities keep their entity term)")
@@ -200,6 +206,8 @@ class RetrievalConfig:
             raise ValueError("ppr_tol must be > 0 and ppr_max_iter >= 1")
         if self.ppr_mode not in PPR_MODES:
             raise ValueError(f"ppr_mode must be one of {PPR_MODES}, got {self.ppr_mode!r}")
+        if self.ppr_local_from < 0:
+            raise ValueError(f"ppr_local_from must be >= 0, got {self.ppr_local_from}")
         if not self.ppr_eps > 0:
             raise ValueError(f"ppr_eps must be > 0, got {self.ppr_eps}")
         if self.reset_passages < 0:
@@ -235,6 +243,26 @@ class RetrievalConfig:
             raise ValueError(f"rerank_reach must be >= 0, got {self.rerank_reach}")
         if not -1.0 <= self.chain_prior_floor <= 1.0:
             raise ValueError(f"chain_prior_floor must be in [-1, 1] (a cosine), got {self.chain_prior_floor}")
+
+    def for_corpus(self, passages: int, local: bool = True) -> "RetrievalConfig":
+        """These settings with ``ppr_mode`` "auto" made concrete for an index of ``passages`` passages (itself
+        for "exact" and "local"): "exact" below ``ppr_local_from`` passages, else "local" with ``reset_passages``
+        (``AUTO_RESET_PASSAGES`` when it is 0). ``local=False`` (an engine without the local PageRank, the
+        sharded one): "exact" at any size. Every engine calls it once per batch, before anything reads the mode.
+
+        Examples
+        --------
+        >>> RetrievalConfig().for_corpus(6_119).ppr_mode
+        'exact'
+        >>> cfg = RetrievalConfig().for_corpus(1_000_000)
+        >>> cfg.ppr_mode, cfg.reset_passages
+        ('local', 2000)
+        """
+        if self.ppr_mode != "auto":
+            return self
+        if not local or passages < self.ppr_local_from:
+            return dataclasses.replace(self, ppr_mode="exact")
+        return dataclasses.replace(self, ppr_mode="local", reset_passages=self.reset_passages or AUTO_RESET_PASSAGES)
 
     def replace(self, **changes) -> "RetrievalConfig":
         """A copy with some fields changed.

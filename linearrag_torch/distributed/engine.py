@@ -56,6 +56,7 @@ class ShardedEngine(stages.PartChain):
         if cfg.rerank and cfg.rerank_set_reader:
             raise ValueError("rerank_set_reader is not supported by the sharded engine (the set reader reads every "
                              "candidate's vector, which lie on several ranks); query the index in one process")
+        cfg = cfg.for_corpus(0, local=False)  # ppr_mode "auto": the exact walk, the one this engine has
         if cfg.use_ppr and cfg.ppr_mode != "exact" or cfg.reset_passages:
             raise ValueError(f"ppr_mode={cfg.ppr_mode!r} / reset_passages={cfg.reset_passages} are not supported by "
                              "the sharded engine (it runs the exact PageRank on the dense reset); set "

@@ -49,11 +49,14 @@ def topk_columns(scores: torch.Tensor, k: int):
     if k == 0 or B == 0:
         return (torch.zeros(B, k, dtype=torch.int64, device=scores.device),
                 torch.zeros(B, k, dtype=scores.dtype, device=scores.device))
-    cut = torch.topk(scores, k, dim=0).values[-1]  # [B]: the k-th largest value (NaN counts as largest)
-    nan_cut = torch.isnan(cut)
-    keep = (scores >= cut) | torch.isnan(scores) | nan_cut  # every entry that may be in the top k
-    p, b = keep.nonzero(as_tuple=True)  # row-major: p ascending within each column
-    v = scores[p, b]
+    # each question's scores made contiguous first: along the strided passage axis the top-k and the comparison
+    # took 14.8 ms a question at 1M passages (1 thread), on the copy 7
+    by_question = scores.T.contiguous()  # [B, P]
+    cut = torch.topk(by_question, k, dim=1).values[:, -1:]  # [B, 1]: the k-th largest value (NaN counts as largest)
+    # every entry that may be in the top k: not below the cut (NaN is never below, and a NaN cut keeps all)
+    keep = torch.lt(by_question, cut).logical_not_()
+    b, p = keep.nonzero(as_tuple=True)  # row-major: p ascending within each column
+    v = by_question[b, p]
     key = torch.where(torch.isnan(v), torch.full_like(v, float("inf")), v)
     order = torch.argsort(-key, stable=True)  # value descending, p ascending among ties
     if B == 1:  # one column: nothing to group (11 dispatches fewer, what a question alone pays for)

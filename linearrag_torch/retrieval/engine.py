@@ -233,8 +233,8 @@ class DeviceGraph:
 
     def bytes_per_question(self, cfg: RetrievalConfig | None = None) -> int:
         """Working memory of one question of a batch, in bytes (an estimate with margin)."""
-        cfg = cfg or RetrievalConfig()
         P, E = self.passage_emb.shape[0], self.entity_emb.shape[0]
+        cfg = (cfg or RetrievalConfig()).for_corpus(P)
         walk = self._ppr.get(cfg.adjacent_passages)
         rows = walk.to_entities.shape[0] if walk is not None else E
         if cfg.ppr_mode == "local" and cfg.use_ppr:
@@ -364,6 +364,7 @@ def retrieve(graph: DeviceGraph, queries, cfg: RetrievalConfig, trace: bool | st
     """
     if trace not in (False, True, "steps"):
         raise ValueError(f"trace must be False, True or 'steps', got {trace!r}")
+    cfg = cfg.for_corpus(graph.index.num_passages)  # ppr_mode "auto": the walk for this index's size
     steps = StepLog() if trace else None
     if trace is True and tracing.active() is None:  # the outermost call of a traced batch counts it
         with tracing.OpCounter() as counter:

@@ -18,7 +18,9 @@ from .activation import ColumnEntries
 def minmax(x: torch.Tensor, comm=None) -> torch.Tensor:
     """Min-max normalise each column of [P, B] to [0, 1] (a constant column becomes 0). ``comm``
     (runtime.comm.Comm): the extremes over every rank's rows (the part's passages of a sharded index)."""
-    lo, hi = x.min(dim=0, keepdim=True).values, x.max(dim=0, keepdim=True).values
+    # amin / amax, not min / max: those also find the indices, which on a CPU made the pass along the strided
+    # passage axis 17x slower (7.5 against 0.44 ms a question at 1M passages, 1 thread)
+    lo, hi = x.amin(dim=0, keepdim=True), x.amax(dim=0, keepdim=True)
     if comm is not None and comm.world > 1:
         ext = comm.all_reduce(torch.cat([-lo, hi]), "max")
         lo, hi = -ext[:1], ext[1:]
@@ -67,9 +69,12 @@ def top_passages(sim: torch.Tensor, m: int, norm: str = "global"):
         [min(m, P), B]: their normalised cosines, in [0, 1] (0 in a column whose cosines are all equal).
     """
     m = min(int(m), sim.shape[0])
-    top, idx = torch.topk(sim, m, dim=0)
+    # each question's cosines made contiguous first: a top-k along the strided passage axis took 11.3 ms a
+    # question at 1M passages (1 thread), the copy and a top-k along rows 5.6 (the same passages, ties alike)
+    top, idx = torch.topk(sim.T.contiguous(), m, dim=1)
+    top, idx = top.T.contiguous(), idx.T.contiguous()
     hi = top[:1]
-    lo = top[-1:] if norm == "top" else sim.min(dim=0, keepdim=True).values
+    lo = top[-1:] if norm == "top" else sim.amin(dim=0, keepdim=True)
     span = hi - lo
     ok = span > 0
     val = torch.where(ok, (top - lo) / torch.where(ok, span, torch.ones_like(span)), torch.zeros_like(top))

@@ -250,6 +250,7 @@ def retrieve(index: TriGraphIndex, queries: EncodedQueries, config: RetrievalCon
     the pair rerank, the learned rerank) with this backend's rounds. ``prepared``: prepare(index, config), if
     already made; ``reranker``: see ScipyBackend."""
 
+    config = config.for_corpus(index.num_passages)  # ppr_mode "auto": as the torch engine resolves it
     if prepared is None or prepared["adjacent_passages"] != config.adjacent_passages:
         prepared = prepare(index, config)
     return run_stages(ScipyBackend(index, prepared, reranker), queries.to("cpu"), config, timings=timings)

@@ -17,7 +17,7 @@ SETTING_BOUNDS = {"max_iterations": (1, 16), "top_k_sentence": (1, 64), "ppr_max
                   "pair_candidates": (0, 16), "rerank_candidates": (1, 50), "rerank_loop_candidates": (0, 50),
                   "rerank_reach": (0, 50),
                   "pair_link_max_passages": (1, 2 ** 31 - 1),  # (past int32 the engine's tensors overflow: 500)
-                  "reset_passages": (0, 2 ** 31 - 1), "ann_probe": (1, 4096)}
+                  "reset_passages": (0, 2 ** 31 - 1), "ppr_local_from": (0, 2 ** 31 - 1), "ann_probe": (1, 4096)}
 # the float settings: RetrievalConfig.validate's own bounds, as pydantic (and JSON Schema) constraints, so that
 # the OpenAPI document says them; every other float lies within +-FLOAT_LIMIT (a weight of 1e308 overflows the
 # float32 scores: NaN, which JSON cannot carry) and is finite

@@ -153,6 +153,18 @@ def test_one_process_without_torch_distributed():
         assert (got.scores - want.scores).abs().max().item() <= 1e-5
 
 
+def test_auto_mode_is_the_exact_walk_in_the_sharded_engine():
+    """ppr_mode auto at any size: the sharded engine has only the exact walk, so auto past ppr_local_from is
+    that walk there (one process would take the local one), not a refusal."""
+    idx = synthetic_index()
+    q = random_queries(idx, batch=5, seed=3)
+    eng = ShardedEngine(Shard.build(idx, 0, 1), Comm(dist=False))
+    got = eng.retrieve(q, RetrievalConfig(ppr_local_from=0))
+    want = _single(idx, q, RetrievalConfig(ppr_mode="exact"))
+    assert torch.equal(got.indices, want.indices)
+    assert (got.scores - want.scores).abs().max().item() <= 1e-5
+
+
 def test_shards_partition_the_index():
     """Every passage on one rank; every sentence and every entity owned by exactly one rank that holds it;
     the walk's private rows are disjoint and, with the shared list, cover every entity."""

@@ -222,3 +222,36 @@ def test_local_mode_settings_are_checked():
         RetrievalConfig(ppr_eps=0)
     with pytest.raises(ValueError, match="reset_passages"):
         RetrievalConfig(reset_passages=-1)
+    with pytest.raises(ValueError, match="ppr_local_from"):
+        RetrievalConfig(ppr_local_from=-1)
+
+
+def test_auto_mode_resolves_by_the_corpus_size():
+    """ppr_mode auto: the exact walk below ppr_local_from passages, the local one with a 2,000-passage sparse
+    reset (or the one asked for) from there; explicit modes untouched; an engine without the local walk exact."""
+    cfg = RetrievalConfig()
+    assert cfg.ppr_mode == "auto" and cfg.ppr_local_from == 100_000
+    assert cfg.for_corpus(99_999) == cfg.replace(ppr_mode="exact")
+    assert cfg.for_corpus(100_000) == cfg.replace(ppr_mode="local", reset_passages=2000)
+    assert cfg.replace(reset_passages=500).for_corpus(10 ** 6).reset_passages == 500
+    assert cfg.for_corpus(10 ** 6, local=False) == cfg.replace(ppr_mode="exact")
+    for mode in ("exact", "local"):
+        fixed = cfg.replace(ppr_mode=mode)
+        assert fixed.for_corpus(10) is fixed and fixed.for_corpus(10 ** 7) is fixed
+
+
+@pytest.mark.parametrize("threshold", [0, 301], ids=["local from 0", "exact below 301"])
+def test_engine_auto_mode_is_the_mode_it_resolves_to(threshold):
+    """Both engines in auto give the bits of the mode it names for the index's 300 passages (the torch one
+    traced: the local rows count pushes, the exact ones steps of the whole walk)."""
+    index = random_index(300, 400, dim=16, seed=4)
+    queries = random_queries(index, 12, seed=3)
+    auto = RetrievalConfig(delta=0.2, ppr_local_from=threshold, reset_passages=30)
+    fixed = auto.replace(ppr_mode="local" if threshold == 0 else "exact")
+    graph = DeviceGraph(index)
+    got, tr = retrieve(graph, queries, auto, trace="steps")
+    want = retrieve(graph, queries, fixed)
+    assert torch.equal(got.indices, want.indices) and torch.equal(got.scores, want.scores)
+    assert bool(tr.ppr_steps.pushes) == (threshold == 0)
+    ref_auto, ref_fixed = scipy_backend.retrieve(index, queries, auto), scipy_backend.retrieve(index, queries, fixed)
+    assert torch.equal(ref_auto.indices, ref_fixed.indices) and torch.equal(ref_auto.scores, ref_fixed.scores)
