@@ -32,7 +32,7 @@ from benchmarks.common import (  # noqa: E402
     synthetic_mentions,
 )
 from linearrag_torch.retrieval import scipy_backend  # noqa: E402
-from linearrag_torch.config import IndexConfig, RetrievalConfig  # noqa: E402
+from linearrag_torch.config import AUTO_RESET_PASSAGES, IndexConfig, RetrievalConfig  # noqa: E402
 from linearrag_torch.retrieval.engine import DeviceGraph, retrieve  # noqa: E402
 from linearrag_torch.synthetic import index_from_mentions, random_embeddings, random_mentions, random_queries
 
@@ -309,7 +309,9 @@ def mode_configs(args) -> dict:
     """The torch backend's settings per PageRank mode asked (--ppr-modes): the row's backend name -> config."""
     out = {}
     for mode in args.ppr_modes:
-        if mode == "exact":
+        if mode == "defaults":  # ppr_mode auto: the exact walk or the local one by the corpus's size
+            out["torch defaults"] = RetrievalConfig()
+        elif mode == "exact":
             out["torch"] = RetrievalConfig().replace(ppr_mode="exact", reset_passages=args.exact_reset_passages)
         else:
             out["torch local"] = RetrievalConfig().replace(ppr_mode="local", reset_passages=args.reset_passages,
@@ -415,7 +417,8 @@ def run_size(passages, stats, args, device, log):
                            args.max_call_s)
             rows.append({**common, "backend": name, "device": str(device), "batch": batch,
                          "settings": {k: getattr(cfg, k) for k in ("ppr_mode", "reset_passages", "ppr_eps",
-                                                                   "reset_minmax", "ann", "ann_probe")}, **r})
+                                                                   "reset_minmax", "ann", "ann_probe")},
+                         "ppr_mode_run": cfg.for_corpus(passages).ppr_mode, **r})  # what auto chose
             part = f", {r['chunks_timed']} of {r['chunks']} chunks of {r['questions_per_chunk']}" if "chunks" in r else ""
             stages = ", ".join(f"{k} {v:.2f}" for k, v in r["stage_ms_per_question"].items())
             log(f"    {name:<11} {str(device):>5} batch {batch:>5}: {r['queries_per_s']:9.2f} q/s "
@@ -428,6 +431,7 @@ def run_size(passages, stats, args, device, log):
     gc.collect()
     if "scipy" in args.backends:
         t = time.perf_counter()
+        cfg = RetrievalConfig().replace(ppr_mode="exact", reset_passages=args.exact_reset_passages)  # the oracle
         prepared = scipy_backend.prepare(index, cfg)
         prepare_s = time.perf_counter() - t
         for batch in args.batch:
@@ -520,7 +524,8 @@ def plot(result: dict, png: Path) -> None:
         ax[0, 0].loglog([s["passages"] for s in warm], [s["build_warm_s"] for s in warm], "s--",
                         label=f"the same build again (slope {result['slopes'].get('build_warm') or 0:.2f})")
     ax[0, 0].set(title="structure build time (mentions -> device graph)", xlabel="passages", ylabel="seconds")
-    styles = {"torch": "-", "scipy": "--", "torch local": ":"}  # and "-." for the local mode on an ANN stage
+    # marker and line per row kind; "o-." for the local mode on an ANN stage
+    styles = {"torch": "o-", "scipy": "o--", "torch local": "o:", "torch defaults": "s-"}
     backends = ["torch", "torch local", *sorted({r["backend"] for r in rows} - {"torch", "torch local", "scipy"}),
                 "scipy"]
     for backend in backends:
@@ -532,8 +537,8 @@ def plot(result: dict, png: Path) -> None:
             x, qps, spb = zip(*pts)
             slope = result["slopes"]["per_backend_batch"].get(f"{backend}_batch{batch}")
             lab = f"{backend} batch {batch}" + (f" (slope {slope:.2f})" if slope is not None else "")
-            ax[0, 1].loglog(x, qps, "o" + styles.get(backend, "-."), label=lab)
-            ax[1, 0].loglog(x, spb, "o" + styles.get(backend, "-."), label=lab)
+            ax[0, 1].loglog(x, qps, styles.get(backend, "o-."), label=lab)
+            ax[1, 0].loglog(x, spb, styles.get(backend, "o-."), label=lab)
     ax[0, 1].set(title="query throughput", xlabel="passages", ylabel="questions / s")
     ax[1, 0].set(title="time per call (batch of questions)", xlabel="passages", ylabel="seconds")
     ax[1, 1].semilogx(P, [s["index_bytes_per_passage"] for s in sizes], "o-", label="index (embeddings + CSR)")
@@ -559,10 +564,12 @@ def parse_args(argv=None):
     ap.add_argument("--batch", type=int, nargs="+", default=list(DEFAULT_BATCHES), help="batch sizes")
     ap.add_argument("--device", default="cpu", help="torch device of the torch backend (cpu, cuda, auto)")
     ap.add_argument("--backends", nargs="+", default=["torch", "scipy"], choices=["torch", "scipy"])
-    ap.add_argument("--ppr-modes", nargs="+", default=["exact"], choices=["exact", "local"],
-                    help="the torch backend's PageRank: 'exact' (row backend 'torch') and/or 'local' ('torch local')")
+    ap.add_argument("--ppr-modes", nargs="+", default=["exact"], choices=["exact", "local", "defaults"],
+                    help="the torch backend's PageRank: 'exact' (row backend 'torch'), 'local' ('torch local', "
+                         "with --reset-passages and --ppr-eps) and/or 'defaults' ('torch defaults': "
+                         "RetrievalConfig() as it is, ppr_mode auto)")
     ap.add_argument("--exact-reset-passages", type=int, default=0, help="reset_passages of the exact rows")
-    ap.add_argument("--reset-passages", type=int, default=RetrievalConfig().reset_passages or 100,
+    ap.add_argument("--reset-passages", type=int, default=RetrievalConfig().reset_passages or AUTO_RESET_PASSAGES,
                     help="reset_passages of the local rows")
     ap.add_argument("--reset-minmax", default=RetrievalConfig().reset_minmax, choices=["global", "top"])
     ap.add_argument("--ppr-eps", type=float, default=RetrievalConfig().ppr_eps, help="ppr_eps of the local rows")

@@ -245,10 +245,21 @@ class RetrievalConfig:
             raise ValueError(f"chain_prior_floor must be in [-1, 1] (a cosine), got {self.chain_prior_floor}")
 
     def for_corpus(self, passages: int, local: bool = True) -> "RetrievalConfig":
-        """These settings with ``ppr_mode`` "auto" made concrete for an index of ``passages`` passages (itself
-        for "exact" and "local"): "exact" below ``ppr_local_from`` passages, else "local" with ``reset_passages``
-        (``AUTO_RESET_PASSAGES`` when it is 0). ``local=False`` (an engine without the local PageRank, the
-        sharded one): "exact" at any size. Every engine calls it once per batch, before anything reads the mode.
+        """These settings with ``ppr_mode`` "auto" made concrete for an index's size. Every engine calls it once
+        per batch, before anything reads the mode.
+
+        Parameters
+        ----------
+        passages : int
+            Passages of the index queried.
+        local : bool, default True
+            Whether the engine has the local PageRank (False: the sharded engine, "exact" at any size).
+
+        Returns
+        -------
+        RetrievalConfig
+            Itself when ``ppr_mode`` is "exact" or "local"; for "auto", a copy with "exact" below
+            ``ppr_local_from`` passages, else "local" with ``reset_passages`` (``AUTO_RESET_PASSAGES`` when 0).
 
         Examples
         --------

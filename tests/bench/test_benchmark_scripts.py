@@ -55,14 +55,18 @@ def test_scaling_benchmark_writes_slopes_rows_and_plot(tmp_path):
 def test_scaling_benchmark_runs_both_pagerank_modes_side_by_side(tmp_path):
     out = tmp_path / "scaling_local.json"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.scaling", "--sizes", "1500", "--batch", "4",
-                           "--backends", "torch", "--ppr-modes", "exact", "local", "--reset-passages", "20",
-                           "--min-questions", "4", "--agreement-questions", "8", "--json", str(out)],
+                           "--backends", "torch", "--ppr-modes", "exact", "local", "defaults",
+                           "--reset-passages", "20", "--min-questions", "4", "--agreement-questions", "8",
+                           "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads(out.read_text())
     rows = {r["backend"]: r for r in res["rows"]}
-    assert set(rows) == {"torch", "torch local"}
+    assert set(rows) == {"torch", "torch local", "torch defaults"}
     assert rows["torch local"]["settings"]["ppr_mode"] == "local" and rows["torch"]["settings"]["ppr_mode"] == "exact"
+    # the defaults at 1,500 passages: auto, run as the exact walk (steps of the whole walk, no push)
+    assert rows["torch defaults"]["settings"]["ppr_mode"] == "auto"
+    assert rows["torch defaults"]["ppr_mode_run"] == "exact" and rows["torch defaults"]["ppr_step_calls"] > 0
     assert rows["torch local"]["ppr_touched_per_question_round"] > 0 and "ppr_touched_per_question_round" not in rows["torch"]
     assert {"cosines", "pagerank", "top-k"} <= set(rows["torch local"]["stage_ms_per_question"])
     agree = res["sizes"][0]["top5_same_as_exact_percent"]["torch local"]
