@@ -44,6 +44,11 @@ import math
 import time
 from collections import deque
 
+# the heavy requests' guaranteed share (ServeSettings.heavy_share): 0.2 since issue 47's heavy-mix A/B on AVX2
+# kernels (light goodput 75-86% of capacity against 66-80% with 0.25, heavy requests answered alike;
+# docs/benchmarks/serve.md)
+HEAVY_SHARE = 0.2
+
 RATE_WINDOW_S = 10.0  # the engine's pace is measured over the batches of about this many seconds
 RATE_MIN_BATCHES = 8  # ... or, when fewer ran in that window, over the last this many batches
 CROWD_WINDOW_S = 5  # refusals by count in about this many seconds are the crowd waiting to come back
@@ -83,7 +88,7 @@ class Admission:
     ``heavy_share`` of it guaranteed to heavy requests."""
 
     def __init__(self, max_concurrent: int, engines: int = 1, max_work: float | None = None,
-                 heavy_share: float = 0.25):
+                 heavy_share: float = HEAVY_SHARE):
         self.max_concurrent = max_concurrent
         self.engines = max(1, engines)
         self.max_work = float(max_work or 4 * max_concurrent)

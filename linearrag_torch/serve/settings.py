@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from .. import env
 from ..config import ENCODER_BACKENDS, _f
+from .admission import HEAVY_SHARE
 
 API_KEY_ENV = env.API_KEY.name
 
@@ -29,7 +30,7 @@ class ServeSettings:
                                      "150 characters at top_k <= 50 without rerank; a longer question, a larger top_k "
                                      "and rerank count more: serve/admission.py); past it 429 (default: 4x "
                                      "--max-concurrent)", type=int)
-    heavy_share: float = _f(0.25, "share of --max-work, and of the engine's work while light requests wait, "
+    heavy_share: float = _f(HEAVY_SHARE, "share of --max-work, and of the engine's work while light requests wait, "
                                   "guaranteed to heavy requests (over 8 units), the rest to the light ones; light "
                                   "requests borrow the heavy share while no heavy one is refused, heavy ones the "
                                   "light share while no light one comes")
