@@ -5,8 +5,11 @@ EXTRAS = {
     # (tests/serve/test_openapi_contract.py, which also needs the serve extra and skips without it)
     "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.7", "schemathesis>=4"],
     # `linearrag serve`: ASGI app, server, metrics; httpx is the HTTP client of the tests, benchmarks and adapters
-    # fastapi-offline: the /docs page's scripts and styles, served by the server itself (no CDN)
-    "serve": ["fastapi>=0.110", "uvicorn>=0.29", "prometheus-client>=0.20", "httpx>=0.27", "fastapi-offline>=1.7"],
+    # fastapi-offline: the /docs page's scripts and styles, served by the server itself (no CDN); httptools and
+    # uvloop: uvicorn's C parser and event loop (its "auto" takes them when installed, else h11 and asyncio's loop in
+    # pure Python), what every serve figure in docs/benchmarks was measured with
+    "serve": ["fastapi>=0.110", "uvicorn>=0.29", "httptools>=0.6", "uvloop>=0.19; sys_platform != 'win32'",
+              "prometheus-client>=0.20", "httpx>=0.27", "fastapi-offline>=1.7"],
     # `linearrag mcp` and the server's /mcp/ endpoint: the official Model Context Protocol SDK (serve/mcp_tools.py,
     # written against its 2.x MCPServer API)
     "mcp": ["mcp>=2.3"],
