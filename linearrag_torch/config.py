@@ -157,10 +157,6 @@ class RetrievalConfig:
     rerank_length_step: int = _f(0, "score each reranker pair at its own length rounded up to a multiple of this "
                                     "many tokens, the pairs of one length in passes together, instead of every pair "
                                     "padded to the full length (0: off)")
-    rerank_reuse_any_context: bool = _f(False, "with rerank and the reranker in the chain rounds: the final rerank takes "
-                                               "the logit the chain round's rerank gave a candidate even where that "
-                                               "pair was read with another context passage (fewer pairs; default: "
-                                               "only a pair read with the same context)")
     reranker: str = _f("", "reranker folder from `linearrag train-reranker` (empty: the model shipped with the "
                            "package)")
     # the set reader (rerank/set_reader.py; docs/reranker.md, "The set reader")

@@ -358,7 +358,7 @@ class Reranker:
 
     def rerank(self, q: QuestionTokens, p: PassageTokens, indices: torch.Tensor, scores: torch.Tensor,
                known: Reranked | None = None, vectors: bool = False, read: torch.Tensor | None = None,
-               set_reader=None, pair_tokens: int = 0, length_step: int = 0, any_context: bool = False) -> Reranked:
+               set_reader=None, pair_tokens: int = 0, length_step: int = 0) -> Reranked:
         """Reorder each question's candidates (``indices``/``scores`` [B, K], the graph's order) by the fused
         score. A candidate row of -1 (no passage) stays last. ``p``: the passages' tokens (PassageTokens, or a
         shard's, which scores the pairs it holds: PassageTokens.score_pairs). ``known``: pairs of the same
@@ -371,8 +371,7 @@ class Reranker:
         are not read and follow the read ones in the graph's order; None: all); ``set_reader``: a SetReader whose
         score, over each question's read candidates together, orders them instead of the pointwise fused score.
         ``pair_tokens``, ``length_step``: how the pairs are laid out (pair_logits; RetrievalConfig.rerank_pair_tokens
-        and rerank_length_step). ``any_context``: a candidate ``known`` holds takes its logit from there whatever context
-        it was read in (RetrievalConfig.rerank_reuse_any_context; default: only where the context is the same)."""
+        and rerank_length_step)."""
         B, K = indices.shape
         passes = {k: v for k, v in (("pair_tokens", pair_tokens), ("length_step", length_step)) if v}
         q = q.to(self.device)
@@ -384,7 +383,7 @@ class Reranker:
         rows, flat_ctx = indices.clamp(min=0).reshape(-1), None if ctx is None else ctx.reshape(-1)
         from_loop, vecs = None, None
         if known is not None and (self.reuse_logits or vectors):
-            logits, new, known_vecs = _known_logits(indices, None if any_context else ctx, known)
+            logits, new, known_vecs = _known_logits(indices, ctx, known)
             from_loop = ~new & ~missing
             if not self.reuse_logits or (vectors and known_vecs is None):
                 new = torch.ones_like(new)

@@ -23,9 +23,8 @@ def enabled(cfg: RetrievalConfig) -> bool:
 
 
 def passes(cfg: RetrievalConfig) -> dict:
-    """apply's pair settings from ``cfg`` (rerank_pair_tokens, rerank_length_step, rerank_reuse_any_context)."""
-    return {"pair_tokens": cfg.rerank_pair_tokens, "length_step": cfg.rerank_length_step,
-            "any_context": cfg.rerank_reuse_any_context}
+    """apply's pair layout settings from ``cfg`` (rerank_pair_tokens, rerank_length_step)."""
+    return {"pair_tokens": cfg.rerank_pair_tokens, "length_step": cfg.rerank_length_step}
 
 
 def reach(cfg: RetrievalConfig) -> int:
@@ -34,8 +33,7 @@ def reach(cfg: RetrievalConfig) -> int:
 
 
 def apply(reranker, passage_tokens, queries: EncodedQueries, graph_out: Retrieved, candidates: int, known=None,
-          vectors: bool = False, set_reader: bool = False, reach: int = 0, pair_tokens: int = 0, length_step: int = 0,
-          any_context: bool = False):
+          vectors: bool = False, set_reader: bool = False, reach: int = 0, pair_tokens: int = 0, length_step: int = 0):
     """(Retrieved in the fused order with the fused scores, the Reranked detail) for the graph's ranking
     ``graph_out`` of ``queries`` (which must carry their reranker tokens: LinearRAG.encode_queries does so
     when its config has rerank): its first ``candidates`` reordered, the rest as they are. ``known``: the
@@ -43,8 +41,7 @@ def apply(reranker, passage_tokens, queries: EncodedQueries, graph_out: Retrieve
     the pairs' pooled vectors (for a later set reader). ``set_reader``: order the candidates by the reranker's set
     reader (rerank/set_reader.py), which reads ``reach`` candidates (> ``candidates``; 0: none) for the questions
     its reach classifier picks. ``pair_tokens``, ``length_step``: how the pairs are laid out
-    (RetrievalConfig.rerank_pair_tokens, rerank_length_step; passes(cfg) gives them); ``any_context``: the logits of
-    ``known`` are taken for its candidates whatever their context (RetrievalConfig.rerank_reuse_any_context)."""
+    (RetrievalConfig.rerank_pair_tokens, rerank_length_step; passes(cfg) gives them)."""
     tokens = queries.rerank_tokens
     if tokens is None:
         raise ValueError("rerank=True needs the questions' reranker tokens: encode the questions with "
@@ -67,7 +64,7 @@ def apply(reranker, passage_tokens, queries: EncodedQueries, graph_out: Retrieve
     K = min(candidates, graph_out.indices.shape[1])
     rr = reranker.rerank(tokens, passage_tokens, graph_out.indices[:, :K], graph_out.scores[:, :K], known,
                          vectors=vectors, read=None if read is None else read[:, :K], set_reader=sr,
-                         pair_tokens=pair_tokens, length_step=length_step, any_context=any_context)
+                         pair_tokens=pair_tokens, length_step=length_step)
     tail = graph_out.indices[:, K:].to(rr.indices.device), graph_out.scores[:, K:].to(rr.scores.device, torch.float32)
     return Retrieved(torch.cat([rr.indices, tail[0]], 1), torch.cat([rr.scores, tail[1]], 1)), rr
 

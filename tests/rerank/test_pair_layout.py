@@ -160,34 +160,3 @@ def test_the_shipped_model_with_a_length_step_is_pass_independent():
     assert torch.equal(together, alone)
     assert torch.allclose(together, r.pair_logits(q, p, idx, idx), atol=1e-4, rtol=0)
 
-
-def test_reuse_any_context_reads_only_the_passages_the_loop_did_not(small_rag, small_questions,
-                                                                     tiny_chain_reranker_dir, monkeypatch):
-    """rerank_reuse_any_context: the final rerank scores only the (question, passage) pairs the loop's rerank did not
-    read, whatever their context; off (the default), it scores every pair whose context differs too."""
-    from linearrag_torch.retrieval import engine
-
-    qs = [q["question"] for q in small_questions]
-    cfg = small_rag.config.replace(rerank=True, reranker=str(tiny_chain_reranker_dir), rerank_loop_candidates=6,
-                                   rerank_candidates=6, top_k=8)
-    calls, pair_logits = [], Reranker.pair_logits
-
-    def counted(self, q, p, q_of_pair, rows, context=None, **kw):
-        calls.append(list(zip(q_of_pair.tolist(), rows.tolist(), context.tolist())))
-        return pair_logits(self, q, p, q_of_pair, rows, context, **kw)
-
-    monkeypatch.setattr(Reranker, "pair_logits", counted)
-    runs = {}
-    for any_context in (False, True):
-        c = cfg.replace(rerank_reuse_any_context=any_context)
-        calls.clear()
-        out, tr = engine.retrieve(small_rag.graph, small_rag.encode_queries(qs, c), c, trace=True)
-        runs[any_context] = out, [list(x) for x in calls], tr.rerank
-    (out0, (loop0, final0), _), (out1, (loop1, final1), rr1) = runs[False], runs[True]
-    assert loop0 == loop1  # the chain round's rerank is the same
-    read = {(q, r) for q, r, _ in loop1}
-    assert all((q, r) not in read for q, r, _ in final1)
-    assert sorted({(q, r) for q, r, _ in final0} - read) == sorted((q, r) for q, r, _ in final1)
-    assert len(final1) < len(final0)  # some pairs were read in another context here
-    # the candidates whose logit came from the loop are marked (Reranked.known)
-    assert rr1.known is not None and rr1.known.any()
