@@ -142,11 +142,6 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args(argv)
     env_extra = AVX2_CAP if args.label == "avx2" else {}
-    res = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "label": args.label,
-           "env": env_extra, "rerank_variants": search, "platform": platform.platform(), "cpu_count": os.cpu_count(),
-           "baseline_tree": str(args.baseline_tree), "tree": str(args.tree), "data": str(args.data),
-           "index": str(args.index), "reference_ratios_of_baseline": REFERENCE_RATIOS[args.label],
-           "index_command_s": {}, "question_path": {}, "load": [os.getloadavg()]}
     from benchmarks.rerank_loop import variants as rerank_variants
 
     try:
@@ -156,6 +151,11 @@ def main(argv=None) -> int:
                   for changed in [{part.split("=", 1)[0] for part in item.split("=", 1)[1].split(",") if part}]}
     except (ValueError, IndexError) as exc:
         ap.error(f"--rerank-variant: {exc}")
+    res = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "label": args.label,
+           "env": env_extra, "rerank_variants": search, "platform": platform.platform(), "cpu_count": os.cpu_count(),
+           "baseline_tree": str(args.baseline_tree), "tree": str(args.tree), "data": str(args.data),
+           "index": str(args.index), "reference_ratios_of_baseline": REFERENCE_RATIOS[args.label],
+           "index_command_s": {}, "question_path": {}, "load": [os.getloadavg()]}
     base = [("baseline", args.baseline_tree, [])] if args.baseline_tree else []
     variants = base + [("this code", args.tree, [])] + [
         (v.split("=", 1)[0], args.tree, v.split("=", 1)[1].split()) for v in args.variant]

@@ -152,8 +152,9 @@ class RetrievalConfig:
                                  choices=RERANKER_PRECISIONS)
     # the pairs' layout (docs/reranker.md, "Shorter passes"): off by default, each measured on the dev sets
     rerank_pair_tokens: int = _f(0, "tokens of a reranker pair: a shorter pair cuts the candidate passage (the "
-                                    "question and the context keep their shares); 0: the model's own length (136 "
-                                    "for the shipped model)")
+                                    "question and the context keep their shares; kept between the model's question "
+                                    "and context shares + 5 and its own length); 0: the model's own length (136 for "
+                                    "the shipped model)")
     rerank_length_step: int = _f(0, "score each reranker pair at its own length rounded up to a multiple of this "
                                     "many tokens, the pairs of one length in passes together, instead of every pair "
                                     "padded to the full length (0: off)")

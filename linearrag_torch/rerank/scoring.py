@@ -277,16 +277,13 @@ class Reranker:
     def pair_length(self, pair_tokens: int = 0) -> int:
         """The tokens a pair is laid out in: the model's ``max_length``, or ``pair_tokens`` where that is set
         (RetrievalConfig.rerank_pair_tokens: a shorter pair cuts its passage, the question and the context keep
-        their shares; a longer one reads as the model's)."""
+        their shares). It is kept within what the model reads: at most its ``max_length``, at least its
+        ``question_tokens + context_tokens + 5`` (77 for the shipped model), so that a request's setting cannot
+        fail a batch of the server's."""
         L = self.settings.max_length
         if not pair_tokens:
             return L
-        least = self.settings.question_tokens + self.settings.context_tokens + 5
-        if pair_tokens < least:
-            raise ValueError(f"rerank_pair_tokens {pair_tokens}: this reranker's pairs need at least {least} tokens "
-                             f"(question_tokens {self.settings.question_tokens} + context_tokens "
-                             f"{self.settings.context_tokens} + 5), or 0 for its own {L}")
-        return min(L, pair_tokens)
+        return min(L, max(pair_tokens, self.settings.question_tokens + self.settings.context_tokens + 5))
 
     @torch.inference_mode()
     def pair_logits(self, q: QuestionTokens, p: PassageTokens, q_of_pair: torch.Tensor,
