@@ -4,13 +4,15 @@ reranker's cost.
     python -m benchmarks.cpu_targets --baseline-tree DIR --data DATA_DIR --index INDEX_DIR --json OUT [--png OUT]
                                      [--variant NAME=INDEX_FLAGS ...] [--label avx2|native] [--skip index ...]
     python -m benchmarks.cpu_targets plot RESULT.json [RESULT.json ...] OUT.png
+    python -m benchmarks.cpu_targets --skip index --data DATA_DIR --index INDEX_DIR --json OUT --label avx2 \
+        --rerank-variant NAME=FIELD=VALUE[,FIELD=VALUE]   # this code alone, rerank=True with other settings too
 
 Every figure comes from a fresh process (``python -c``, PYTHONPATH = the code tree) so that the two codes never
 share an interpreter: ``linearrag index DATA_DIR/corpus.jsonl OUT --quiet`` (wall clock of the whole command, with
 each variant's extra index flags for this code), and on INDEX_DIR (an index both codes read) the question path end
 to end (``rag.search(batch)``: ms per question, the best of 3 passes over 100 questions in batches of 100, and over
 30 questions one at a time) and, end to end on a batch of 64 questions, the graph path (``rerank=False``)
-against ``rerank=True`` (ms per question, best of 3); the question path runs ``--rounds`` times per code, the codes
+against ``rerank=True`` (ms per question, best of 3), and ``rerank=True`` with each ``--rerank-variant``'s settings; the question path runs ``--rounds`` times per code, the codes
 alternating, and each figure is the code's best. The code trees run alternately, baseline first.
 
 The reference code itself is not run here (it is not part of this repository): issue 50 measured it on the same
@@ -42,6 +44,7 @@ import json, sys, time
 from linearrag_torch import LinearRAG
 from linearrag_torch.corpus import read_questions
 index, qfile, quantize = sys.argv[1], sys.argv[2], sys.argv[3]
+reranks = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
 rag = LinearRAG.load(index, device="cpu", **({"quantize": quantize} if quantize != "none" else {}))
 qs = [q["question"] if isinstance(q, dict) else q.question for q in read_questions(qfile)]
 out = {}
@@ -60,6 +63,8 @@ out["batch100_ms"] = best(100, 100)
 out["batch1_ms"] = best(1, 30)
 out["graph64_ms"] = best(64, 64, rerank=False)
 out["rerank64_ms"] = best(64, 64, rerank=True)
+for name, kw in reranks.items():
+    out[f"rerank64_ms {name}"] = best(64, 64, rerank=True, **kw)
 print("RESULT " + json.dumps(out))
 '''
 
@@ -93,8 +98,9 @@ def plot(results: list, path: Path) -> None:
             bars.append(v["vs_reference"])
             labels.append(key)
         for name, row in r["question_path"].items():
-            bars.append(row["rerank_over_graph"])
-            labels.append(f"rerank / graph, {name}")
+            for key in [k for k in row if k.startswith("rerank_over_graph")]:
+                bars.append(row[key])
+                labels.append(f"rerank / graph, {name}" + (f", {key.split(' ', 1)[1]}" if " " in key else ""))
         y = range(len(bars))
         ax.barh(list(y), bars, color=["tab:blue" if not lab.startswith("rerank") else "tab:orange" for lab in labels])
         for i, (b, lab) in enumerate(zip(bars, labels)):
@@ -118,7 +124,7 @@ def main(argv=None) -> int:
         return 0
     ap = argparse.ArgumentParser(prog="python -m benchmarks.cpu_targets", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--baseline-tree", type=Path, required=True, help="a checkout of the issue-time code")
+    ap.add_argument("--baseline-tree", type=Path, help="a checkout of the issue-time code (none: this code alone)")
     ap.add_argument("--tree", type=Path, default=Path(__file__).resolve().parents[1], help="this code (default: here)")
     ap.add_argument("--data", type=Path, required=True, help="folder with corpus.jsonl and questions.jsonl")
     ap.add_argument("--index", type=Path, required=True, help="an index of that corpus, read by both codes")
@@ -126,6 +132,9 @@ def main(argv=None) -> int:
                     help="this code again with extra `linearrag index` flags (e.g. int8=--encoder-precision int8)")
     ap.add_argument("--quantize", action="append", default=[], metavar="NAME=QUANTIZE",
                     help="this code's question path again with LinearRAG.load(quantize=...)")
+    ap.add_argument("--rerank-variant", action="append", default=[], metavar="NAME=FIELD=VALUE[,FIELD=VALUE]",
+                    help="this code's batch of 64 again with rerank=True and these settings (e.g. "
+                         "step16=rerank_length_step=16): rerank64_ms NAME, and its ratio to the graph path")
     ap.add_argument("--label", choices=("avx2", "native"), required=True,
                     help="avx2: run every process under the AVX2 caps (AVX2_CAP); native: as the CPU is")
     ap.add_argument("--rounds", type=int, default=2, help="question-path runs per code, alternating (best kept)")
@@ -133,12 +142,22 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args(argv)
     env_extra = AVX2_CAP if args.label == "avx2" else {}
+    from benchmarks.rerank_loop import variants as rerank_variants
+
+    try:
+        search = {name: {k: v for k, v in cfg.to_dict().items() if k in changed}
+                  for item in args.rerank_variant
+                  for name, cfg in rerank_variants([item]).items()
+                  for changed in [{part.split("=", 1)[0] for part in item.split("=", 1)[1].split(",") if part}]}
+    except (ValueError, IndexError) as exc:
+        ap.error(f"--rerank-variant: {exc}")
     res = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "label": args.label,
-           "env": env_extra, "platform": platform.platform(), "cpu_count": os.cpu_count(),
+           "env": env_extra, "rerank_variants": search, "platform": platform.platform(), "cpu_count": os.cpu_count(),
            "baseline_tree": str(args.baseline_tree), "tree": str(args.tree), "data": str(args.data),
            "index": str(args.index), "reference_ratios_of_baseline": REFERENCE_RATIOS[args.label],
            "index_command_s": {}, "question_path": {}, "load": [os.getloadavg()]}
-    variants = [("baseline", args.baseline_tree, [])] + [("this code", args.tree, [])] + [
+    base = [("baseline", args.baseline_tree, [])] if args.baseline_tree else []
+    variants = base + [("this code", args.tree, [])] + [
         (v.split("=", 1)[0], args.tree, v.split("=", 1)[1].split()) for v in args.variant]
     if "index" not in args.skip:
         for name, tree, flags in variants:
@@ -149,12 +168,14 @@ def main(argv=None) -> int:
                                             "stderr_tail": done.stderr.strip().splitlines()[-2:]}
             print(f"[{args.label}] index {name}: {sec:.1f} s  {done.stderr.strip().splitlines()[-1]}", flush=True)
     if "questions" not in args.skip:
-        qruns = [("baseline", args.baseline_tree, "none"), ("this code", args.tree, "none")] + [
+        qruns = ([("baseline", args.baseline_tree, "none")] if args.baseline_tree else []) + [
+            ("this code", args.tree, "none")] + [
             (q.split("=", 1)[0], args.tree, q.split("=", 1)[1]) for q in args.quantize]
         runs: dict = {}
         for rnd in range(args.rounds):  # the codes alternate, round by round; each keeps its best figure
             for name, tree, quantize in qruns:
-                _, done = run_code(tree, [str(args.index), str(args.data / "questions.jsonl"), quantize], env_extra,
+                _, done = run_code(tree, [str(args.index), str(args.data / "questions.jsonl"), quantize]
+                                   + ([json.dumps(search)] if search and name == "this code" else []), env_extra,
                                    code=QUESTION_PATH)
                 got = json.loads(done.stdout.split("RESULT ", 1)[1])
                 runs.setdefault(name, []).append(got)
@@ -163,6 +184,8 @@ def main(argv=None) -> int:
         for name, got in runs.items():
             row = {k: min(g[k] for g in got) for k in got[0]}
             row["rerank_over_graph"] = row["rerank64_ms"] / row["graph64_ms"]
+            for k in [k for k in row if k.startswith("rerank64_ms ")]:
+                row[f"rerank_over_graph {k.split(' ', 1)[1]}"] = row[k] / row["graph64_ms"]
             row["rounds"] = got
             res["question_path"][name] = row
     res["load"].append(os.getloadavg())

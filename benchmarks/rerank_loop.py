@@ -88,6 +88,29 @@ def systems(loops: list[int], precisions: list[str], rerankers: dict | None = No
     return out
 
 
+def variants(items: list[str]) -> dict:
+    """{NAME: config} of ``--variant NAME=FIELD=VALUE[,FIELD=VALUE ...]``: ``rerank=True`` with the default loop and
+    ``reranker_precision`` auto, then these settings (each value read as the field's type)."""
+    from dataclasses import fields
+
+    types = {f.name: f.type for f in fields(RetrievalConfig)}
+    out = {}
+    for item in items:
+        name, _, rest = item.partition("=")
+        changes = {"reranker_precision": "auto"}
+        for part in filter(None, rest.split(",")):
+            key, sep, value = part.partition("=")
+            if not sep or key not in types:
+                raise ValueError(f"{item}: {part!r} is not FIELD=VALUE of a RetrievalConfig field")
+            kind = types[key] if isinstance(types[key], str) else types[key].__name__
+            changes[key] = (value.lower() in ("1", "true", "yes") if kind == "bool" else
+                            int(value) if kind == "int" else float(value) if kind == "float" else value)
+        if not name:
+            raise ValueError(f"{item}: give NAME=FIELD=VALUE")
+        out[name] = RetrievalConfig(rerank=True).replace(**changes)
+    return out
+
+
 def score(ranked: list[list[str]], questions: list[dict]) -> dict:
     """recall@k and all-gold-in-top-k counts, overall and by number of gold passages."""
     groups: dict = {}
@@ -196,6 +219,9 @@ def main(argv=None) -> int:
                     help="also each loop size with the set reader of each reranker folder (systems setK, setK_noreach)")
     ap.add_argument("--indexes", nargs="+", type=Path, default=[],
                     help="a built index per --data folder, in order (instead of building or taking one from --cache)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=FIELD=VALUE[,FIELD=VALUE]",
+                    help="also the system NAME: the default `rerank=True` (the loop) with these RetrievalConfig "
+                         "settings (e.g. len8=rerank_length_step=8; auto precision unless a setting names it)")
     ap.add_argument("--only", nargs="+", default=[], metavar="SYSTEM", help="run only these systems (names as printed)")
     ap.add_argument("--batch", type=int, default=64, help="questions per call")
     ap.add_argument("--png", type=Path, help="write the plot here")
@@ -216,6 +242,10 @@ def main(argv=None) -> int:
             ap.error(f"--rerankers {item}: give NAME=DIR with an existing reranker folder")
         rerankers[name] = folder
     configs = systems(args.loop, args.precisions, rerankers, tuple(args.final_candidates), args.set_reader)
+    try:
+        configs.update(variants(args.variant))
+    except ValueError as exc:
+        ap.error(f"--variant: {exc}")
     if args.only:
         unknown = sorted(set(args.only) - set(configs))
         if unknown:

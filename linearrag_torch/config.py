@@ -17,7 +17,7 @@ QUESTION_NER = ("always", "fallback", "off")
 RERANKER_PRECISIONS = ("auto", "float32", "bfloat16", "int8")  # rerank.scoring.resolve_precision
 # retrieval/pagerank.py (the whole walk), retrieval/local_ppr.py (forward push), or one of them by corpus size
 PPR_MODES = ("auto", "exact", "local")
-# ppr_mode "auto" above ppr_local_from with reset_passages 0: the sparse reset's size (docs/tuning.md, "Large corpora")
+# ppr_mode "auto" above ppr_local_from with reset_passages 0: the sparse reset's size (docs/tuning.md, "Local PageRank and the sparse reset")
 AUTO_RESET_PASSAGES = 2000
 RESET_MINMAX = ("global", "top")  # eq. 7's min-max with reset_passages: over all passages or over the top m
 ANN_KINDS = ("exact", "ivf", "hnsw")  # retrieval/ann.py: the nearest-vector stage (the exact product, or FAISS)
@@ -156,6 +156,14 @@ class RetrievalConfig:
                                             "quantised Linear layers, CPU) or auto (bfloat16 where the device has "
                                             "native bf16, else float32)",
                                  choices=RERANKER_PRECISIONS)
+    # the pairs' layout (docs/reranker.md, "Shorter passes"): off by default, each measured on the dev sets
+    rerank_pair_tokens: int = _f(0, "tokens of a reranker pair: a shorter pair cuts the candidate passage (the "
+                                    "question and the context keep their shares; kept between the model's question "
+                                    "and context shares + 5 and its own length); 0: the model's own length (136 for "
+                                    "the shipped model)")
+    rerank_length_step: int = _f(0, "score each reranker pair at its own length rounded up to a multiple of this "
+                                    "many tokens, the pairs of one length in passes together, instead of every pair "
+                                    "padded to the full length (0: off)")
     reranker: str = _f("", "reranker folder from `linearrag train-reranker` (empty: the model shipped with the "
                            "package)")
     # the set reader (rerank/set_reader.py; docs/reranker.md, "The set reader")
@@ -241,6 +249,11 @@ class RetrievalConfig:
             raise ValueError(f"rerank_loop_candidates must be >= 0, got {self.rerank_loop_candidates}")
         if self.rerank_reach < 0:
             raise ValueError(f"rerank_reach must be >= 0, got {self.rerank_reach}")
+        if not (self.rerank_pair_tokens == 0 or 16 <= self.rerank_pair_tokens <= 512):
+            raise ValueError(f"rerank_pair_tokens must be 0 (the model's length) or in [16, 512], got "
+                             f"{self.rerank_pair_tokens}")
+        if not 0 <= self.rerank_length_step <= 512:
+            raise ValueError(f"rerank_length_step must be in [0, 512] (0: off), got {self.rerank_length_step}")
         if not -1.0 <= self.chain_prior_floor <= 1.0:
             raise ValueError(f"chain_prior_floor must be in [-1, 1] (a cosine), got {self.chain_prior_floor}")
 

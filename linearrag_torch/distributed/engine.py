@@ -170,7 +170,7 @@ class ShardedEngine(stages.PartChain):
         """rerank_stage.apply with this rank's passages: each rank scores the pairs of the candidates it holds
         (_ShardPassageTokens), every rank fuses and orders the same logits."""
         reranker, tokens = self._reranker(cfg)
-        return rerank_stage.apply(reranker, tokens, queries, ranking, candidates, known)
+        return rerank_stage.apply(reranker, tokens, queries, ranking, candidates, known, **rerank_stage.passes(cfg))
 
     def reranker(self, cfg: RetrievalConfig):
         """The learned reranker that ``cfg`` names, loaded once on this rank's device (rank 0 also tokenises the
@@ -371,7 +371,7 @@ class _ShardPassageTokens:
         self.tokens, self.shard, self.comm = tokens, shard, comm
 
     def score_pairs(self, reranker, q, q_of_pair: torch.Tensor, rows: torch.Tensor,
-                    context: torch.Tensor | None) -> torch.Tensor:
+                    context: torch.Tensor | None, **passes) -> torch.Tensor:
         sh, comm = self.shard, self.comm
         ids, lengths = self.tokens.ids, self.tokens.lengths
         i = torch.nonzero((rows >= sh.lo) & (rows < sh.hi)).flatten()  # the pairs scored here
@@ -390,7 +390,8 @@ class _ShardPassageTokens:
             ctx = torch.where(c >= 0, i.numel() + torch.searchsorted(u, c), torch.full_like(c, -1))
         table = PassageTokens(torch.cat(table_ids), torch.cat(table_len))
         out = torch.zeros(rows.numel(), dtype=torch.float32, device=rows.device)
-        out[i] = reranker.pair_logits(q, table, q_of_pair[i], torch.arange(i.numel(), device=rows.device), ctx)
+        out[i] = reranker.pair_logits(q, table, q_of_pair[i], torch.arange(i.numel(), device=rows.device), ctx,
+                                      **passes)
         return comm.all_reduce(out)
 
 

@@ -32,12 +32,14 @@ class PassageTokens:
     lengths: torch.Tensor  # [P] int64
 
     def score_pairs(self, reranker: "Reranker", q: "QuestionTokens", q_of_pair: torch.Tensor, rows: torch.Tensor,
-                    context: torch.Tensor | None, vectors: bool = False):
+                    context: torch.Tensor | None, vectors: bool = False, **passes):
         """Reranker.pair_logits of the pairs (question q_of_pair[i], passage rows[i], context row context[i]):
         every passage is held here, so every pair is scored here. (A shard of the sharded engine holds only its
         passages: distributed/engine.py's scores there the pairs it holds and sums the logits over the ranks.)
-        ``vectors``: (logits, the pairs' pooled vectors) (the set reader's input, rerank/set_reader.py)."""
-        return reranker.pair_logits(q, self, q_of_pair, rows, context, **({"vectors": True} if vectors else {}))
+        ``vectors``: (logits, the pairs' pooled vectors) (the set reader's input, rerank/set_reader.py).
+        ``passes``: pair_logits' ``pair_tokens`` and ``length_step``."""
+        return reranker.pair_logits(q, self, q_of_pair, rows, context, **({"vectors": True} if vectors else {}),
+                                    **passes)
 
 
 class QuestionTokens(NamedTuple):
@@ -88,6 +90,19 @@ def tokenize_passages(tokenizer, texts: list[str], settings: RerankerSettings) -
     for i, r in enumerate(rows):
         ids[i, :len(r)] = torch.tensor(r, dtype=torch.int64)
     return PassageTokens(ids, torch.tensor([len(r) for r in rows], dtype=torch.int64))
+
+
+def pair_ends(q: QuestionTokens, p: PassageTokens, q_of_pair: torch.Tensor, passage_of_pair: torch.Tensor,
+              length: int, context_of_pair: torch.Tensor | None = None, context_tokens: int = 0) -> torch.Tensor:
+    """The position of each pair's closing [SEP] when laid out at ``length`` tokens (pair_inputs' ``end``, [n]):
+    the pair's own tokens are ``end + 1``, and it fits any layout of at least ``end + 2`` tokens (its last
+    position padding) with the same tokens."""
+    start = q.lengths.index_select(0, q_of_pair)
+    part_end = start
+    if context_of_pair is not None and context_tokens > 0:
+        cl = p.lengths.index_select(0, context_of_pair.clamp(min=0)).clamp(max=context_tokens - 1)
+        part_end = start + torch.where((context_of_pair >= 0) & (cl > 0), cl + 1, 0)
+    return torch.clamp(part_end + p.lengths.index_select(0, passage_of_pair), max=length - 2)
 
 
 def pair_inputs(q: QuestionTokens, p: PassageTokens, q_of_pair: torch.Tensor, passage_of_pair: torch.Tensor,
@@ -259,14 +274,55 @@ class Reranker:
         return PassageTokens(p.ids.to(self.device), p.lengths.to(self.device))
 
     # ----------------------------------------------------------------- scoring
+    def pair_length(self, pair_tokens: int = 0) -> int:
+        """The tokens a pair is laid out in: the model's ``max_length``, or ``pair_tokens`` where that is set
+        (RetrievalConfig.rerank_pair_tokens: a shorter pair cuts its passage, the question and the context keep
+        their shares). It is kept within what the model reads: at most its ``max_length``, at least its
+        ``question_tokens + context_tokens + 5`` (77 for the shipped model), so that a request's setting cannot
+        fail a batch of the server's."""
+        L = self.settings.max_length
+        if not pair_tokens:
+            return L
+        return min(L, max(pair_tokens, self.settings.question_tokens + self.settings.context_tokens + 5))
+
     @torch.inference_mode()
     def pair_logits(self, q: QuestionTokens, p: PassageTokens, q_of_pair: torch.Tensor,
-                    passage_of_pair: torch.Tensor, context_of_pair: torch.Tensor | None = None, vectors: bool = False):
+                    passage_of_pair: torch.Tensor, context_of_pair: torch.Tensor | None = None, vectors: bool = False,
+                    pair_tokens: int = 0, length_step: int = 0):
         """The cross-encoder's logit of each (question, passage) pair, in passes of rows_per_pass pairs each, the
         last filled with copies of its first pair (the module's docstring) (``context_of_pair``: each pair's
         context passage row, -1 none, for a chain-aware model). ``vectors``: (logits, each pair's pooled vector
-        [n, hidden] float32), the vectors the logits are read from."""
-        L = self.settings.max_length
+        [n, hidden] float32), the vectors the logits are read from.
+
+        ``pair_tokens``: the pairs' length (pair_length; 0: the model's). ``length_step`` (0: off): each pair is
+        laid out at its own length (its tokens and one padding) rounded up to a multiple of ``length_step``, at most
+        the pairs' length, and the pairs of one length are scored together in passes of rows_per_pass pairs of
+        that length (the last filled with copies of its first). A pair's length depends on its own tokens only and
+        each length has one pass shape, so a pair's logit still does not depend on the pairs beside it; it moves
+        in the last bits from its logit at the full length (another shape: the padding it drops was masked)."""
+        L = self.pair_length(pair_tokens)
+        n = q_of_pair.numel()
+        H = self.model.head.weight.shape[1]
+        if length_step and n:
+            # each pair's layout length; the distinct lengths are read back (on a CPU a memory read; a GPU syncs)
+            need = pair_ends(q, p, q_of_pair, passage_of_pair, L, context_of_pair, self.settings.context_tokens) + 2
+            lengths = torch.clamp(-(-need // length_step) * length_step, max=L)
+            out = torch.empty(n, dtype=torch.float32, device=self.device)
+            vecs = torch.empty(n, H, dtype=torch.float32, device=self.device) if vectors else None
+            for b in torch.unique(lengths).tolist():
+                i = torch.nonzero(lengths == b).squeeze(1)
+                got = self._passes(q, p, q_of_pair[i], passage_of_pair[i],
+                                   None if context_of_pair is None else context_of_pair[i], int(b), vectors)
+                if vectors:
+                    out[i], vecs[i] = got
+                else:
+                    out[i] = got
+            return (out, vecs) if vectors else out
+        return self._passes(q, p, q_of_pair, passage_of_pair, context_of_pair, L, vectors)
+
+    def _passes(self, q: QuestionTokens, p: PassageTokens, q_of_pair: torch.Tensor, passage_of_pair: torch.Tensor,
+                context_of_pair: torch.Tensor | None, L: int, vectors: bool):
+        """pair_logits of pairs laid out at ``L`` tokens, in passes of rows_per_pass pairs."""
         n = q_of_pair.numel()
         per_pass = self.rows_per_pass
         out = torch.empty(-(-n // per_pass) * per_pass, dtype=torch.float32, device=self.device)
@@ -299,7 +355,7 @@ class Reranker:
 
     def rerank(self, q: QuestionTokens, p: PassageTokens, indices: torch.Tensor, scores: torch.Tensor,
                known: Reranked | None = None, vectors: bool = False, read: torch.Tensor | None = None,
-               set_reader=None) -> Reranked:
+               set_reader=None, pair_tokens: int = 0, length_step: int = 0) -> Reranked:
         """Reorder each question's candidates (``indices``/``scores`` [B, K], the graph's order) by the fused
         score. A candidate row of -1 (no passage) stays last. ``p``: the passages' tokens (PassageTokens, or a
         shard's, which scores the pairs it holds: PassageTokens.score_pairs). ``known``: pairs of the same
@@ -310,8 +366,11 @@ class Reranker:
         The set reader (rerank/set_reader.py): ``vectors`` keeps each pair's pooled vector in the result (for a
         later rerank of the batch that reads the set); ``read`` [B, K] bool: the candidates to score (the others
         are not read and follow the read ones in the graph's order; None: all); ``set_reader``: a SetReader whose
-        score, over each question's read candidates together, orders them instead of the pointwise fused score."""
+        score, over each question's read candidates together, orders them instead of the pointwise fused score.
+        ``pair_tokens``, ``length_step``: how the pairs are laid out (pair_logits; RetrievalConfig.rerank_pair_tokens
+        and rerank_length_step)."""
         B, K = indices.shape
+        passes = {k: v for k, v in (("pair_tokens", pair_tokens), ("length_step", length_step)) if v}
         q = q.to(self.device)
         indices, scores = indices.to(self.device), scores.to(self.device, torch.float32)
         q_of_pair = torch.arange(B, device=self.device).repeat_interleave(K)
@@ -333,14 +392,14 @@ class Reranker:
         if known is not None and self.reuse_logits or read is not None:
             new = torch.nonzero(new.reshape(-1)).squeeze(1)  # the pairs not scored before (their count: a host read)
             got = p.score_pairs(self, q, q_of_pair[new], rows[new], None if ctx is None else flat_ctx[new],
-                                **({"vectors": True} if vectors else {}))
+                                **({"vectors": True} if vectors else {}), **passes)
             if vectors:
                 got, got_vecs = got
                 vecs = (torch.zeros(B * K, got_vecs.shape[1], device=self.device) if known_vecs is None
                         else known_vecs.reshape(B * K, -1)).index_put((new,), got_vecs).view(B, K, -1)
             logits = logits.reshape(-1).index_put((new,), got).view(B, K)
         else:
-            got = p.score_pairs(self, q, q_of_pair, rows, flat_ctx, **({"vectors": True} if vectors else {}))
+            got = p.score_pairs(self, q, q_of_pair, rows, flat_ctx, **({"vectors": True} if vectors else {}), **passes)
             if vectors:
                 got, vecs = got[0], got[1].view(B, K, -1)
             logits = got.view(B, K)

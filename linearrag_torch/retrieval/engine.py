@@ -334,7 +334,7 @@ class TorchBackend(PartChain):
     def learned_rerank(self, queries, ranking, cfg, candidates, known=None, **set_reading):
         reranker = self.graph.reranker(cfg.reranker, cfg.reranker_precision)
         return rerank_stage.apply(reranker, self.graph.rerank_passages(reranker), queries, ranking, candidates, known,
-                                  **set_reading)
+                                  **set_reading, **rerank_stage.passes(cfg))
 
     @property
     def num_entities(self) -> int:

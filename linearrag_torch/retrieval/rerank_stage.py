@@ -22,20 +22,26 @@ def enabled(cfg: RetrievalConfig) -> bool:
     return bool(cfg.rerank)
 
 
+def passes(cfg: RetrievalConfig) -> dict:
+    """apply's pair layout settings from ``cfg`` (rerank_pair_tokens, rerank_length_step)."""
+    return {"pair_tokens": cfg.rerank_pair_tokens, "length_step": cfg.rerank_length_step}
+
+
 def reach(cfg: RetrievalConfig) -> int:
     """Candidates read for the questions the set reader's reach classifier picks (0: no reach)."""
     return cfg.rerank_reach if cfg.rerank_set_reader and cfg.rerank_reach > cfg.rerank_candidates else 0
 
 
 def apply(reranker, passage_tokens, queries: EncodedQueries, graph_out: Retrieved, candidates: int, known=None,
-          vectors: bool = False, set_reader: bool = False, reach: int = 0):
+          vectors: bool = False, set_reader: bool = False, reach: int = 0, pair_tokens: int = 0, length_step: int = 0):
     """(Retrieved in the fused order with the fused scores, the Reranked detail) for the graph's ranking
     ``graph_out`` of ``queries`` (which must carry their reranker tokens: LinearRAG.encode_queries does so
     when its config has rerank): its first ``candidates`` reordered, the rest as they are. ``known``: the
     Reranked pairs of the batch's earlier reranks (Reranker.rerank takes their logits again). ``vectors``: keep
     the pairs' pooled vectors (for a later set reader). ``set_reader``: order the candidates by the reranker's set
     reader (rerank/set_reader.py), which reads ``reach`` candidates (> ``candidates``; 0: none) for the questions
-    its reach classifier picks."""
+    its reach classifier picks. ``pair_tokens``, ``length_step``: how the pairs are laid out
+    (RetrievalConfig.rerank_pair_tokens, rerank_length_step; passes(cfg) gives them)."""
     tokens = queries.rerank_tokens
     if tokens is None:
         raise ValueError("rerank=True needs the questions' reranker tokens: encode the questions with "
@@ -57,7 +63,8 @@ def apply(reranker, passage_tokens, queries: EncodedQueries, graph_out: Retrieve
             candidates = K
     K = min(candidates, graph_out.indices.shape[1])
     rr = reranker.rerank(tokens, passage_tokens, graph_out.indices[:, :K], graph_out.scores[:, :K], known,
-                         vectors=vectors, read=None if read is None else read[:, :K], set_reader=sr)
+                         vectors=vectors, read=None if read is None else read[:, :K], set_reader=sr,
+                         pair_tokens=pair_tokens, length_step=length_step)
     tail = graph_out.indices[:, K:].to(rr.indices.device), graph_out.scores[:, K:].to(rr.scores.device, torch.float32)
     return Retrieved(torch.cat([rr.indices, tail[0]], 1), torch.cat([rr.scores, tail[1]], 1)), rr
 

@@ -231,7 +231,8 @@ class ScipyBackend(LocalChain):
             raise ValueError("rerank=True on the scipy backend needs its reranker: use LinearRAG.retrieve(..., "
                              "backend='scipy') or pass scipy_backend.retrieve(..., reranker=...)")
         reranker, passages = self._reranker(cfg)
-        out, rr = rerank_stage.apply(reranker, passages, queries, ranking, candidates, known, **set_reading)
+        out, rr = rerank_stage.apply(reranker, passages, queries, ranking, candidates, known, **set_reading,
+                                     **rerank_stage.passes(cfg))
         return Retrieved(out.indices.cpu(), out.scores.cpu()), rr
 
     @property

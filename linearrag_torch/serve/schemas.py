@@ -15,7 +15,7 @@ from .settings import ServeSettings
 SETTING_BOUNDS = {"max_iterations": (1, 16), "top_k_sentence": (1, 64), "ppr_max_iter": (1, 1000),
                   "chain_passages": (0, 16), "chain_sentences": (1, 16), "chain_keep": (0, 16), "chain_rounds": (1, 4),
                   "pair_candidates": (0, 16), "rerank_candidates": (1, 50), "rerank_loop_candidates": (0, 50),
-                  "rerank_reach": (0, 50),
+                  "rerank_reach": (0, 50), "rerank_pair_tokens": (0, 512), "rerank_length_step": (0, 512),
                   "pair_link_max_passages": (1, 2 ** 31 - 1),  # (past int32 the engine's tensors overflow: 500)
                   "reset_passages": (0, 2 ** 31 - 1), "ppr_local_from": (0, 2 ** 31 - 1), "ann_probe": (1, 4096)}
 # the float settings: RetrievalConfig.validate's own bounds, as pydantic (and JSON Schema) constraints, so that
