@@ -11,7 +11,9 @@ Sections (each one recorded in the JSON, an error in one does not stop the other
               relative error of the scores, both activation modes, Triton kernels and torch fallbacks;
 3. kernels    benchmarks/fused_ops.py's cases on the device: each fused op against the unfused torch;
 4. timing     the query path at several sizes x batch sizes, CUDA events after a warm-up, with the
-              PageRank steps' modeled memory traffic / their time as achieved bandwidth;
+              PageRank steps' modeled memory traffic / their time as achieved bandwidth; the exact walk, and
+              where ppr_mode auto takes the local push (ppr_local_from; the smoke run: every size) that too,
+              so that a device's crossover can be read off (the threshold was measured on CPUs);
 5. questions  the whole question path (spaCy NER on the CPU, the encoder and the graph on the device) on a
               real index built there from --corpus (default: the bundled demo corpus; pass the 2wiki
               corpus.jsonl and questions.jsonl when they were carried along) or loaded from --index:
@@ -54,11 +56,11 @@ from linearrag_torch.synthetic import random_queries  # noqa: E402
 DATE = "2026-11-30"
 FULL = {"copy_bytes": 1 << 30, "agree_passages": 50_000, "agree_batch": 64, "kernel_passages": 1_000_000,
         "kernel_batch": 256, "argmax_size": 1 << 24, "sizes": [100_000, 1_000_000, 3_000_000], "batches": [1, 64, 1024],
-        "question_passages": None, "question_batches": [1, 64, 256, 1024], "question_ner_processes": None,
+        "local_from": None, "question_passages": None, "question_batches": [1, 64, 256, 1024], "question_ner_processes": None,
         "graph_batches": [1, 64, 1024, 4096]}
 SMOKE = {"copy_bytes": 1 << 24, "agree_passages": 1_500, "agree_batch": 8, "kernel_passages": 3_000,
          "kernel_batch": 8, "argmax_size": 1 << 15, "sizes": [2_000, 6_000], "batches": [1, 8],
-         "question_passages": 25, "question_batches": [1, 16], "question_ner_processes": 1,
+         "local_from": 0, "question_passages": 25, "question_batches": [1, 16], "question_ner_processes": 1,
          "graph_batches": [1, 16]}
 
 
@@ -123,9 +125,10 @@ def agreement(device, P: int, B: int, seed: int) -> dict:
 # ----------------------------------------------------------------------------------------- 4. timing
 
 
-def timing(device, sizes, batches, clock: Clock, copy_gbs: float, log) -> list:
+def timing(device, sizes, batches, clock: Clock, copy_gbs: float, log, local_from: int | None = None) -> list:
     rows = []
-    cfg = RetrievalConfig()
+    exact = RetrievalConfig(ppr_mode="exact")
+    auto = RetrievalConfig() if local_from is None else RetrievalConfig(ppr_local_from=local_from)
     last_cost, last_P = None, None
     for P in sizes:
         # the cost grows about linearly with size: skip a size that cannot finish in the time left
@@ -137,7 +140,8 @@ def timing(device, sizes, batches, clock: Clock, copy_gbs: float, log) -> list:
         index, graph = make_graph(P, 64, device)
         sync(device)
         build_s = time.perf_counter() - t0
-        for B in batches:
+        modes = [("exact", exact)] + ([("auto", auto)] if auto.for_corpus(P).ppr_mode == "local" else [])
+        for B, (mode, cfg) in [(B, m) for B in batches for m in modes]:
             q = random_queries(index, B, seed=B).to(device)
             retrieve(graph, random_queries(index, 2, seed=7), cfg)  # warm-up: Triton compilation, allocator
             if device.type == "cuda":
@@ -147,7 +151,8 @@ def timing(device, sizes, batches, clock: Clock, copy_gbs: float, log) -> list:
             ms = timed(lambda: meter.add(retrieve(graph, q, cfg, trace="steps")[1]), device, repeat=calls)
             ppr_ms = meter.ms() / (calls + 1)  # timed() also runs one warm-up call
             ppr_bytes = meter.bytes / (calls + 1)
-            r = {"passages": P, "entities": index.num_entities, "batch": B, "build_s": build_s, "ms_per_call": ms,
+            r = {"passages": P, "entities": index.num_entities, "batch": B, "mode": mode,
+                 "ppr_mode_run": cfg.for_corpus(P).ppr_mode, "build_s": build_s, "ms_per_call": ms,
                  "queries_per_s": B / ms * 1e3, "ppr_steps_per_call": meter.calls / (calls + 1),
                  "ppr_ms_per_call": ppr_ms, "ppr_modeled_bytes_per_call": ppr_bytes,
                  "ppr_GB_per_s": ppr_bytes / ppr_ms / 1e6 if ppr_ms else None,
@@ -156,7 +161,7 @@ def timing(device, sizes, batches, clock: Clock, copy_gbs: float, log) -> list:
             if device.type == "cuda":
                 r["peak_mem_bytes"] = torch.cuda.max_memory_allocated(device)
             rows.append(r)
-            log(f"  {P:>9,} passages batch {B:>5}: {r['queries_per_s']:10.1f} q/s, PPR {ppr_ms:8.1f} ms "
+            log(f"  {P:>9,} passages batch {B:>5} {mode:>5}: {r['queries_per_s']:10.1f} q/s, PPR {ppr_ms:8.1f} ms "
                 f"({r['ppr_GB_per_s'] or 0:.0f} GB/s modeled, {100 * (r['ppr_fraction_of_copy_bw'] or 0):.0f}% of copy)")
         last_cost, last_P = time.perf_counter() - t0, P
         del index, graph
@@ -373,7 +378,8 @@ def run(device, sizes, seed, clock: Clock, out: dict, path: Path, args=None) -> 
             f"-> {'OK' if agr['ok'] else 'MISMATCH'}")
     section("kernels", lambda: run_cases(sizes["kernel_passages"], sizes["kernel_batch"], device, repeat=5, log=log,
                                          argmax_size=sizes["argmax_size"]))
-    section("timing", lambda: timing(device, sizes["sizes"], sizes["batches"], clock, copy_gbs or 0.0, log))
+    section("timing", lambda: timing(device, sizes["sizes"], sizes["batches"], clock, copy_gbs or 0.0, log,
+                                     sizes.get("local_from")))
     if args is None or not (clock.left() > 0 or args.smoke):
         return
     opened: dict = {}

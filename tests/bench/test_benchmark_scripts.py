@@ -26,7 +26,11 @@ def test_gpu_check_smoke_mode_on_cpu(tmp_path):
     assert all(r["questions_per_s"] > 0 for r in workers)
     assert q["top_k_same_as_cpu"] == q["compared"] > 0
     assert q["passages_per_s"] > 0 and {"ner", "embed_passages", "embed_entities"} <= set(q["build_stages_s"])
-    assert {r["batch"] for r in res["sections"]["timing"]["result"]} == {1, 8}
+    timing = res["sections"]["timing"]["result"]
+    assert {r["batch"] for r in timing} == {1, 8}
+    # both walks at every size of the smoke run (ppr_local_from 0 there), auto running the local push
+    assert {(r["passages"], r["batch"], r["mode"], r["ppr_mode_run"]) for r in timing} == {
+        (P, B, m, run) for P in (2_000, 6_000) for B in (1, 8) for m, run in (("exact", "exact"), ("auto", "local"))}
     graph = res["sections"]["graph"]["result"]  # the graph stage alone on that index (no sync debug on the CPU)
     assert [r["batch"] for r in graph["rows"]] == [1, 16] and "sync_debug" not in graph
     assert all(r["questions_per_s"] > 0 and 0 < r["host_reads_per_batch"] < 100 for r in graph["rows"])
