@@ -305,6 +305,11 @@ def time_scipy(index, prepared, batch: int, cfg, max_questions: int, seed: int):
             "peak_mem_bytes": peak_memory(torch.device("cpu")), "mem_before_bytes": base}
 
 
+def exact_config(args) -> RetrievalConfig:
+    """The exact walk's settings (the torch rows named 'torch' and the scipy reference)."""
+    return RetrievalConfig().replace(ppr_mode="exact", reset_passages=args.exact_reset_passages)
+
+
 def mode_configs(args) -> dict:
     """The torch backend's settings per PageRank mode asked (--ppr-modes): the row's backend name -> config."""
     out = {}
@@ -312,7 +317,7 @@ def mode_configs(args) -> dict:
         if mode == "defaults":  # ppr_mode auto: the exact walk or the local one by the corpus's size
             out["torch defaults"] = RetrievalConfig()
         elif mode == "exact":
-            out["torch"] = RetrievalConfig().replace(ppr_mode="exact", reset_passages=args.exact_reset_passages)
+            out["torch"] = exact_config(args)
         else:
             out["torch local"] = RetrievalConfig().replace(ppr_mode="local", reset_passages=args.reset_passages,
                                                            ppr_eps=args.ppr_eps, reset_minmax=args.reset_minmax)
@@ -431,7 +436,7 @@ def run_size(passages, stats, args, device, log):
     gc.collect()
     if "scipy" in args.backends:
         t = time.perf_counter()
-        cfg = RetrievalConfig().replace(ppr_mode="exact", reset_passages=args.exact_reset_passages)  # the oracle
+        cfg = exact_config(args)  # the oracle
         prepared = scipy_backend.prepare(index, cfg)
         prepare_s = time.perf_counter() - t
         for batch in args.batch:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 
 import torch
@@ -27,6 +28,17 @@ SCIPY_CSR = True  # index.csr.Csr: scipy's counting-sort conversions for CPU ten
 
 
 @functools.lru_cache(maxsize=None)
+def _imports(*modules: str) -> bool:
+    """Whether every module imports (cached: an import failure is not retried). Any exception counts as absent:
+    an ImportError, or a build that does not match this torch or numpy."""
+    try:
+        for name in modules:
+            importlib.import_module(name)
+    except Exception:
+        return False
+    return True
+
+
 def triton_available() -> bool:
     """Whether ``import triton`` works (cached: an import failure is not retried).
 
@@ -35,15 +47,9 @@ def triton_available() -> bool:
     bool
         True when Triton and triton.language import.
     """
-    try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
-    except Exception:  # ImportError, or a triton that does not match this torch
-        return False
-    return True
+    return _imports("triton", "triton.language")
 
 
-@functools.lru_cache(maxsize=None)
 def torch_scatter_available() -> bool:
     """Whether the optional torch-scatter package imports (pip install torch-scatter: compiles from source).
 
@@ -52,14 +58,9 @@ def torch_scatter_available() -> bool:
     bool
         True when torch_scatter imports (cached).
     """
-    try:
-        import torch_scatter  # noqa: F401
-    except Exception:
-        return False
-    return True
+    return _imports("torch_scatter")
 
 
-@functools.lru_cache(maxsize=None)
 def numba_available() -> bool:
     """Whether the optional numba package imports (pip install 'linearrag_torch[numba]').
 
@@ -68,11 +69,7 @@ def numba_available() -> bool:
     bool
         True when numba imports (cached).
     """
-    try:
-        import numba  # noqa: F401
-    except Exception:  # ImportError, or a numba that does not match this numpy
-        return False
-    return True
+    return _imports("numba")
 
 
 def kernels_setting() -> str:
