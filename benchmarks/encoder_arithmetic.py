@@ -3,6 +3,8 @@
     # an index's vectors encoded again by another encoder (its graph, strings and NER record kept as they are)
     python -m benchmarks.encoder_arithmetic vectors SRC_INDEX DST_INDEX --precision float32|bfloat16|int8|int8-all
                                                     [--sentence-vectors separate|passage]
+    # passage vectors pooled from the index's own sentence vectors (no encoder pass), as a new index
+    python -m benchmarks.encoder_arithmetic pool SRC_INDEX DST_INDEX --weights tokens|uniform
     # recall@2 / @5 of each (index, question encoder, reranker precision), defaults and with --rerank
     python -m benchmarks.encoder_arithmetic recall --set NAME DATA_DIR INDEX_DIR [INDEX_DIR ...] [--set ...]
                                                    [--questions exact int8] [--reranker float32 int8 bfloat16]
@@ -14,6 +16,10 @@ the source stay, so that only the vectors differ. With ``--sentence-vectors pass
 from their passage's pass (Encoder.encode_with_spans; a sentence's span is the first passage of PS holding it,
 found in that passage's text), as IndexConfig(sentence_vectors="passage") builds them. The seconds of each stage
 go into DST_INDEX/encode_seconds.json (not quiet: not a speed figure).
+
+``pool``: the reverse of one pass per passage: the sentences keep their own vectors and a passage's vector is the
+normalised mean of its sentences' vectors (PS), weighted by their token counts or alike; the pass over the passages
+would be saved. Everything else of the source index stays.
 
 ``recall``: for each set, each index, each question encoder (exact float32, or LinearRAG(quantize=...)), the
 default retrieval settings and, with the learned reranker, each reranker precision: recall@2 and @5 over the
@@ -102,6 +108,38 @@ def vectors(args) -> int:
     return 0
 
 
+def pooled_passages(index: TriGraphIndex, weights: torch.Tensor) -> torch.Tensor:
+    """[P, dim] L2-normalised float32: each passage's sentence vectors (its row of PS) summed with ``weights`` [S];
+    a passage without sentences keeps its own vector."""
+    ps = index.PS.to("cpu")
+    counts = ps.crow[1:] - ps.crow[:-1]
+    owner = torch.repeat_interleave(torch.arange(index.num_passages), counts)
+    acc = torch.zeros(index.num_passages, index.dim)
+    acc.index_add_(0, owner, index.sentence_emb.float()[ps.col] * weights[ps.col, None])
+    out = torch.nn.functional.normalize(acc, dim=1)
+    empty = counts == 0
+    out[empty] = index.passage_emb[empty].float()
+    return out
+
+
+def pool(args) -> int:
+    src = TriGraphIndex.load(args.src)
+    if args.weights == "tokens":
+        keys = encoder_for(src, "float32").token_keys(src.sentences)
+        w = torch.tensor([len(k) for k in keys], dtype=torch.float32)
+    else:
+        w = torch.ones(src.num_sentences)
+    p_emb = pooled_passages(src, w)
+    cos = (p_emb * torch.nn.functional.normalize(src.passage_emb.float(), dim=1)).sum(1)
+    dataclasses.replace(src, passage_emb=p_emb.to(src.passage_emb.dtype)).save(args.dst)
+    meta = {"source": str(args.src), "passage_vectors": f"pooled sentence vectors, {args.weights} weights",
+            "cosine_to_encoded": {"mean": round(cos.mean().item(), 4), "min": round(cos.min().item(), 4)},
+            "date": datetime.date.today().isoformat()}
+    (Path(args.dst) / "encode_seconds.json").write_text(json.dumps(meta, indent=1))
+    print(json.dumps(meta))
+    return 0
+
+
 def recall_rows(name: str, data: Path, index_dir: Path, args) -> dict:
     questions = [q if isinstance(q, dict) else vars(q) for q in read_questions(data / "questions.jsonl")]
     texts = [q["question"] for q in questions]
@@ -138,6 +176,11 @@ def main(argv=None) -> int:
     v.add_argument("--precision", choices=PRECISIONS, default="float32")
     v.add_argument("--sentence-vectors", choices=("separate", "passage"), default="separate")
     v.add_argument("--threads", type=int, default=0)
+    pl = sub.add_parser("pool")
+    pl.add_argument("src", type=Path)
+    pl.add_argument("dst", type=Path)
+    pl.add_argument("--weights", choices=("tokens", "uniform"), default="tokens")
+    pl.add_argument("--threads", type=int, default=0)
     r = sub.add_parser("recall")
     r.add_argument("--set", nargs="+", action="append", required=True, metavar="NAME DATA_DIR INDEX_DIR")
     r.add_argument("--questions", nargs="+", default=["exact"], choices=("exact", "int8", "int8-all"))
@@ -149,6 +192,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     if args.cmd == "vectors":
         return vectors(args)
+    if args.cmd == "pool":
+        return pool(args)
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "torch": torch.__version__, "platform": platform.platform(), "native_bf16": env.native_bf16("cpu"),
            "command": " ".join(sys.argv), "units": {"recall@k": "% (mean over questions with gold), top 5"},

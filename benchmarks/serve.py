@@ -109,6 +109,15 @@ class Server:
         return {"rss_bytes": status_bytes("VmRSS", self.proc.pid), "peak_rss_bytes": status_bytes("VmHWM", self.proc.pid),
                 "children_rss_bytes": children}
 
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds (user + system) the server process has used, all its threads (Linux only, else None)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
     def fd_kinds(self) -> dict:
         """The server's open file descriptors, all and split: sockets (the clients' connections, which a client's
         keep-alive pool holds open between requests, and the listening socket) and the rest (files, pipes, event
@@ -136,6 +145,8 @@ class Server:
             for name in ("linearrag_batch_size_questions_sum", "linearrag_batch_size_questions_count"):
                 if line.startswith(name + " "):
                     vals[name.rsplit("_", 1)[1]] = float(line.split()[-1])
+            if line.startswith("linearrag_engine_seconds_sum "):
+                vals["engine_seconds"] = float(line.split()[-1])
         for key, name, labels in (("request", "linearrag_request_duration_seconds", 'route="/v1/search",status="200"'),
                                   ("queue", "linearrag_queue_wait_seconds", "")):
             h = vals[key] = {"buckets": {}, "sum": 0.0, "count": 0.0}
@@ -231,12 +242,13 @@ async def closed_loop(url: str, questions: list[str], clients: int, duration: fl
                 statuses[type(exc).__name__] += 1
                 await asyncio.sleep(0.01)
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients),
                                      timeout=aiohttp.ClientTimeout(total=timeout)) as http:
         await asyncio.gather(*(client(i, http) for i in range(clients)))
     row = _row(clients, time.perf_counter() - t0, statuses, latencies, late)
     row["given_up"] = given_up
+    row["client_cpu_s"] = round(time.process_time() - cpu0, 3)  # this client process's CPU in the phase
     if raw:
         row.update(latencies_s=latencies, second_half_s=late)
     return row
@@ -276,7 +288,8 @@ def load(url: str, questions: list[str], clients: int, duration: float, max_requ
     for p in parts:
         statuses.update(p["statuses"])
     return {**_row(clients, max(p["seconds"] for p in parts), statuses, latencies, late),
-            "given_up": sum(p["given_up"] for p in parts), "client_processes": processes}
+            "given_up": sum(p["given_up"] for p in parts), "client_processes": processes,
+            "client_cpu_s": round(sum(p["client_cpu_s"] for p in parts), 3)}
 
 
 def _row(clients: int, wall: float, statuses: Counter, latencies: list, late: list) -> dict:
@@ -304,24 +317,36 @@ def percentiles(latencies: list[float]) -> dict:
     return {"p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99), "mean_ms": round(1000 * sum(xs) / len(xs), 2)}
 
 
+def cpu_split(row: dict, before: dict, after: dict, cpu0, cpu1) -> dict:
+    """Where a phase's core-seconds went: the server process's CPU seconds, the client processes' (their own
+    count), the engine's busy seconds (the sum of its calls' durations, /metrics) and the machine's core-seconds
+    (cores x the phase's wall time)."""
+    wall = row["seconds"]
+    engine = after.get("engine_seconds", 0.0) - before.get("engine_seconds", 0.0)
+    return {"server_cpu_s": None if cpu0 is None or cpu1 is None else round(cpu1 - cpu0, 2),
+            "engine_busy_s": round(engine, 2), "engine_busy_share": round(engine / wall, 3) if wall else None,
+            "core_s": round((os.cpu_count() or 1) * wall, 2)}
+
+
 def phase(server: Server, name: str, questions, clients, args, after_refusal: str | None = None) -> dict:
-    before = server.metrics()
+    before, cpu0 = server.metrics(), server.cpu_seconds()
     after_refusal = after_refusal or ("storm" if args.retry_storm else "retry-after")
     row = load(server.url, questions, clients, args.duration, args.max_requests, args.timeout,
                client_processes(clients, args.client_processes), after_refusal=after_refusal,
                nice=getattr(args, "client_nice", 0))
-    after = server.metrics()
+    after, cpu1 = server.metrics(), server.cpu_seconds()
     calls = after.get("count", 0) - before.get("count", 0)
     row.update(phase=name, after_refusal=after_refusal, engine_calls=int(calls),
                mean_batch_size=round((after.get("sum", 0) - before.get("sum", 0)) / calls, 2) if calls else None,
-               server=server_side(before, after), **server.memory())
+               server=server_side(before, after), **server.memory(), **cpu_split(row, before, after, cpu0, cpu1))
     srv = row["server"]["request"]
     print(f"[serve] {name:>12} c={clients:<4} {row['throughput_qps']} q/s  p50 {row['p50_ms']} ms  p99 "
           f"{row['p99_ms']} ms  batch {row['mean_batch_size']}  {row['statuses']}  rss "
           f"{(row['rss_bytes'] or 0) / 2**20:.0f} MiB (children {(row['children_rss_bytes'] or 0) / 2**20:.0f} MiB)  "
           f"server: mean {srv['mean_ms']} ms, p99 <= {srv['p99_le_ms']} ms"
-          f"  second half: p50 {row['second_half']['p50_ms']} p99 {row['second_half']['p99_ms']} ms",
-          file=sys.stderr, flush=True)
+          f"  second half: p50 {row['second_half']['p50_ms']} p99 {row['second_half']['p99_ms']} ms"
+          f"  cpu s: server {row['server_cpu_s']} clients {row.get('client_cpu_s')} of {row['core_s']}, engine busy "
+          f"{row['engine_busy_share']}", file=sys.stderr, flush=True)
     return row
 
 

@@ -133,3 +133,25 @@ def test_shards_agree_benchmark_compares_one_process_and_two(tmp_path, small_ind
     assert result["n_questions"] == n and result["same_top_k_in_order"] == n and result["differing"] == []
     assert result["explain_with_shards"] == {"questions": 3, "hits_match_the_search": True}
     assert f"{n} of {n} questions" in proc.stdout
+
+
+def test_encoder_arithmetic_pool_writes_passage_vectors_from_the_sentences(small_index_dir, tmp_path):
+    import torch
+
+    from linearrag_torch.index import TriGraphIndex
+
+    dst = tmp_path / "pooled"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.encoder_arithmetic", "pool", str(small_index_dir),
+                           str(dst), "--weights", "uniform"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    src, out = TriGraphIndex.load(small_index_dir), TriGraphIndex.load(dst)
+    ps = src.PS.to("cpu")
+    for p in range(src.num_passages):  # by hand: the normalised sum of the passage's sentence vectors
+        rows = ps.col[ps.crow[p]:ps.crow[p + 1]].tolist()
+        want = src.sentence_emb[rows].float().sum(0) if rows else src.passage_emb[p].float()
+        want = want / want.norm()
+        assert torch.allclose(out.passage_emb[p].float(), want, atol=1e-6), p
+    assert torch.equal(out.sentence_emb, src.sentence_emb) and torch.equal(out.entity_emb, src.entity_emb)
+    assert out.sentences == src.sentences and torch.equal(out.M.col, src.M.col) and torch.equal(out.M.val, src.M.val)
+    meta = json.loads((dst / "encode_seconds.json").read_text())
+    assert meta["passage_vectors"] == "pooled sentence vectors, uniform weights"

@@ -391,6 +391,10 @@ def test_overload_and_soak_benchmark_modes_end_to_end(small_index_dir, small_que
         assert r["clients"] == 8 and r["goodput_qps"] == r["throughput_qps"] and r["goodput_share"] > 0
         assert set(r["statuses"]) <= {"200", "429", "503"} and set(r["checks"]) == {"goodput", "p99", "statuses", "rss"}
     assert "429" in res["phases"][1]["statuses"]  # 8 clients against the server's --max-concurrent 2
+    for r in res["phases"]:  # where the core-seconds went: server, clients, the engine's busy share
+        assert 0 < r["server_cpu_s"] and 0 < r["client_cpu_s"] and r["core_s"] > 0
+        assert 0 < r["engine_busy_s"] <= r["seconds"] + 1
+        assert abs(r["engine_busy_share"] - r["engine_busy_s"] / r["seconds"]) < 0.01
     assert "recovered" in res["phases"][-1] and out.with_suffix(".png").stat().st_size > 0
 
     out = tmp_path / "soak.json"
