@@ -35,7 +35,7 @@ class ServeSettings:
                                   "requests borrow the heavy share while no heavy one is refused, heavy ones the "
                                   "light share while no light one comes")
     timeout: float = _f(30.0, "seconds a request may take before it gets 504")
-    refusal_delay: float = _f(0.5, "seconds a 429 is held before it is sent (a timer: no CPU, no engine place), so "
+    refusal_delay: float = _f(1.0, "seconds a 429 is held before it is sent (a timer: no CPU, no engine place), so "
                                     "that clients retrying at once after a refusal cannot make refusals the server's "
                                     "main work; well-behaved clients wait Retry-After (>= 1 s) anyway (0: at once)")
     body_timeout: float = _f(10.0, "seconds a client may take to send its request body after its head; a slower one "

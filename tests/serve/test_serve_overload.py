@@ -488,3 +488,33 @@ def test_aggressive_retrying_clients_keep_the_goodput_of_capacity(small_index_di
         proc.terminate()
         proc.wait(TIMEOUT)
 
+
+
+def test_serve_ab_benchmark_alternates_settings_and_divides_by_the_runs_capacity(small_index_dir, small_questions,
+                                                                                 tmp_path):
+    """benchmarks.serve_ab on tiny phases: each setting's runs alternate, every overload phase is divided by the
+    capacity phase before it, and each phase says where the core-seconds went."""
+    pytest.importorskip("aiohttp")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import write_jsonl
+
+    qfile = write_jsonl(tmp_path / "questions.jsonl", small_questions)
+    out = tmp_path / "ab.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.serve_ab", "--index", str(small_index_dir), "--questions",
+                           str(qfile), "--setting", "a=--refusal-delay 0.2", "--setting", "b=", "--rounds", "1",
+                           "--sequence", "cap,agg2", "--duration", "1.5", "--json", str(out)],
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    assert [(r["setting"], r["server_args"]) for r in res["runs"]] == [("a", "--refusal-delay 0.2"), ("b", "")]
+    for run in res["runs"]:
+        cap, agg = run["phases"]
+        assert (cap["phase"], cap["clients"], agg["phase"], agg["clients"]) == ("cap", 16, "agg2", 32)
+        assert agg["of_capacity"] == round(agg["goodput_qps"] / cap["goodput_qps"], 3)
+        assert {"ner", "encoder", "graph"} <= set(cap["stage_ms_per_question"]) and cap["server_cpu_s"] > 0
+    assert set(res["summary"]) == {"a", "b"} and res["summary"]["a"]["agg2"]["ratios"] == [
+        res["runs"][0]["phases"][1]["of_capacity"]]
+    assert out.with_suffix(".png").stat().st_size > 0
