@@ -147,6 +147,9 @@ class Server:
                     vals[name.rsplit("_", 1)[1]] = float(line.split()[-1])
             if line.startswith("linearrag_engine_seconds_sum "):
                 vals["engine_seconds"] = float(line.split()[-1])
+            elif line.startswith('linearrag_stage_seconds_sum{stage="'):
+                stage = line.split('"', 2)[1]
+                vals.setdefault("stages", {})[stage] = float(line.split()[-1])
         for key, name, labels in (("request", "linearrag_request_duration_seconds", 'route="/v1/search",status="200"'),
                                   ("queue", "linearrag_queue_wait_seconds", "")):
             h = vals[key] = {"buckets": {}, "sum": 0.0, "count": 0.0}
@@ -319,13 +322,16 @@ def percentiles(latencies: list[float]) -> dict:
 
 def cpu_split(row: dict, before: dict, after: dict, cpu0, cpu1) -> dict:
     """Where a phase's core-seconds went: the server process's CPU seconds, the client processes' (their own
-    count), the engine's busy seconds (the sum of its calls' durations, /metrics) and the machine's core-seconds
-    (cores x the phase's wall time)."""
+    count), the engine's busy seconds (the sum of its calls' durations, /metrics), the machine's core-seconds
+    (cores x the phase's wall time), and the engine's milliseconds per answered question by stage."""
     wall = row["seconds"]
     engine = after.get("engine_seconds", 0.0) - before.get("engine_seconds", 0.0)
+    stages0 = before.get("stages", {})
     return {"server_cpu_s": None if cpu0 is None or cpu1 is None else round(cpu1 - cpu0, 2),
             "engine_busy_s": round(engine, 2), "engine_busy_share": round(engine / wall, 3) if wall else None,
-            "core_s": round((os.cpu_count() or 1) * wall, 2)}
+            "core_s": round((os.cpu_count() or 1) * wall, 2),
+            "stage_ms_per_question": {k: round((v - stages0.get(k, 0.0)) / max(row["ok"], 1) * 1e3, 3)
+                                      for k, v in after.get("stages", {}).items()}}
 
 
 def phase(server: Server, name: str, questions, clients, args, after_refusal: str | None = None) -> dict:

@@ -10,8 +10,9 @@ A run starts a server with one setting's arguments and goes through ``--sequence
 clients (``--max-concurrent`` 16: the capacity), ``aggN`` N x 16 clients that retry 10 ms after a 429 whatever its
 Retry-After, ``wbN`` N x 16 that back off as SearchClient does. Each overload phase's goodput is divided by the
 capacity phase just before it (a ratio within the run). Every phase also records where the core-seconds went
-(benchmarks.serve.cpu_split: the server's, the clients', the engine's busy share) and the engine's milliseconds per
-answered question by stage (NER, encoder, graph: /metrics). Reported per setting: every ratio, their mean and range.
+and the engine's milliseconds per answered question by stage (NER, encoder, graph), as benchmarks.serve.cpu_split
+reads them from the server's /metrics: the server's CPU, the clients', the engine's busy share. Reported per setting:
+every ratio, their mean and range.
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import torch
 
 from benchmarks import serve as S
@@ -31,12 +31,6 @@ from benchmarks.common import machine
 from linearrag_torch.corpus import read_questions
 
 BASE = 16  # clients of the capacity phase, and --max-concurrent
-
-
-def stage_seconds(url: str) -> dict:
-    text = httpx.get(url + "/metrics", timeout=10).text
-    return {m.group(1): float(m.group(2))
-            for m in re.finditer(r'^linearrag_stage_seconds_sum\{stage="(\w+)"\} (\S+)', text, re.M)}
 
 
 def one_run(index: Path, questions: list, extra: tuple, sequence: list, args) -> list:
@@ -47,19 +41,16 @@ def one_run(index: Path, questions: list, extra: tuple, sequence: list, args) ->
     try:
         srv.wait_ready()
         for name in sequence:
-            before = stage_seconds(srv.url)
             if name == "cap":
                 r = S.phase(srv, name, questions, BASE, phase_args)
             else:
                 kind, factor = re.fullmatch(r"(agg|wb)(\d+)", name).groups()
                 r = S.phase(srv, name, questions, int(factor) * BASE, phase_args,
                             after_refusal="storm" if kind == "agg" else "backoff")
-            after = stage_seconds(srv.url)
             row = {"phase": name, "clients": r["clients"], "goodput_qps": r["throughput_qps"],
                    "statuses": r["statuses"], "p99_ms": r["p99_ms"],
-                   "stage_ms_per_question": {k: round((v - before.get(k, 0.0)) / max(r["ok"], 1) * 1e3, 3)
-                                             for k, v in after.items()},
-                   **{k: r.get(k) for k in ("server_cpu_s", "client_cpu_s", "engine_busy_share", "core_s")}}
+                   **{k: r.get(k) for k in ("stage_ms_per_question", "server_cpu_s", "client_cpu_s",
+                                            "engine_busy_share", "core_s")}}
             if name == "cap":
                 capacity = r["throughput_qps"]
             elif capacity:
@@ -126,7 +117,7 @@ def main(argv=None) -> int:
     for name in sequence:
         if name != "cap" and not re.fullmatch(r"(agg|wb)\d+", name):
             ap.error(f"--sequence: unknown phase {name!r} (cap, aggN, wbN)")
-    questions = [q["question"] if isinstance(q, dict) else q.question for q in read_questions(args.questions)]
+    questions = [q["question"] for q in read_questions(args.questions)]
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join(sys.argv), "index": str(args.index), "duration_s": args.duration,
               "max_concurrent": BASE, "machine": machine(torch.device("cpu"), torch.get_num_threads()),
