@@ -71,16 +71,21 @@ class Server:
     """`linearrag serve` as a child process on 127.0.0.1."""
 
     def __init__(self, index: Path, device: str, max_batch_size: int, max_wait_ms: float, max_concurrent: int,
-                 timeout: float, log: Path | None = None, extra_args: tuple = ()):
+                 timeout: float, log: Path | None = None, extra_args: tuple = (), code: Path | None = None):
+        """``code``: run the server from this checkout of the repository (another commit's worktree) instead of
+        the installed package."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "linearrag_torch.cli", "serve", str(index), "--port", str(self.port),
+        cmd = [sys.executable, "-m", "linearrag_torch.cli", "serve", str(Path(index).resolve()), "--port", str(self.port),
                "--device", device, "--max-batch-size", str(max_batch_size), "--max-wait-ms", str(max_wait_ms),
                *(("--max-concurrent", str(max_concurrent)) if max_concurrent else ()), "--timeout", str(timeout),
                "--log-level", "warning", *extra_args]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        if code is not None:  # (python -m puts the working folder first on the path: the checkout's package wins)
+            env["PYTHONPATH"] = str(Path(code).resolve())
         self.log = open(log, "wb") if log else subprocess.DEVNULL
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=self.log)
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=self.log,
+                                     cwd=str(Path(code).resolve()) if code is not None else None)
 
     def wait_ready(self, limit_s: float = 300) -> float:
         t0 = time.perf_counter()

@@ -6,6 +6,11 @@ shared VM) falls on every setting alike.
         --setting 'hold 1.0=--refusal-delay 1.0' [--rounds 3] [--sequence cap,agg16,cap,agg16] [--duration 15]
         --json OUT.json [--png OUT.png]
 
+    # the same load against an older commit's server (a git worktree of it): --code gives a setting its checkout
+    git worktree add ../old bc932d5
+    python -m benchmarks.serve_ab --index IDX --questions Q.jsonl --setting 'main=' --setting 'bc932d5='
+        --code bc932d5=../old --sequence cap,agg16,cap,agg4 --json OUT.json
+
 A run starts a server with one setting's arguments and goes through ``--sequence``: ``cap`` is 16 well-behaved
 clients (``--max-concurrent`` 16: the capacity), ``aggN`` N x 16 clients that retry 10 ms after a 429 whatever its
 Retry-After, ``wbN`` N x 16 that back off as SearchClient does. Each overload phase's goodput is divided by the
@@ -20,6 +25,7 @@ import argparse
 import datetime
 import json
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,13 +39,14 @@ from linearrag_torch.corpus import read_questions
 BASE = 16  # clients of the capacity phase, and --max-concurrent
 
 
-def one_run(index: Path, questions: list, extra: tuple, sequence: list, args) -> list:
+def one_run(index: Path, questions: list, extra: tuple, sequence: list, args, code: Path | None = None) -> list:
     phase_args = argparse.Namespace(duration=args.duration, max_requests=10**9, timeout=60.0, client_processes=0,
                                     retry_storm=False, client_nice=0)
-    srv = S.Server(index, "cpu", 64, 0.0, BASE, 60.0, extra_args=extra)
+    srv = S.Server(index, "cpu", 64, 0.0, BASE, 60.0, extra_args=extra, code=code)
     rows, capacity = [], None
     try:
         srv.wait_ready()
+        rows.append({"server_version": S.httpx.get(srv.url + "/info", timeout=10).json().get("version")})
         for name in sequence:
             if name == "cap":
                 r = S.phase(srv, name, questions, BASE, phase_args)
@@ -58,7 +65,16 @@ def one_run(index: Path, questions: list, extra: tuple, sequence: list, args) ->
             rows.append(row)
     finally:
         srv.stop()
-    return rows
+    return rows[0]["server_version"], rows[1:]
+
+
+def commit_of(folder: Path | None) -> str | None:
+    """The commit checked out in ``folder`` (None: the installed package, this repository's)."""
+    try:
+        return subprocess.run(["git", "-C", str(folder or Path(__file__).parent), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def summary(runs: list) -> dict:
@@ -100,6 +116,9 @@ def main(argv=None) -> int:
     ap.add_argument("--questions", type=Path, required=True, help="questions.jsonl the clients send")
     ap.add_argument("--setting", action="append", required=True, metavar="NAME=SERVER_ARGS",
                     help="a setting: its name and the `linearrag serve` arguments it adds (empty: the defaults)")
+    ap.add_argument("--code", action="append", default=[], metavar="NAME=DIR",
+                    help="the setting NAME's server runs from DIR, a checkout of another commit (git worktree add DIR "
+                         "COMMIT), instead of the installed package: the same load against two versions of the code")
     ap.add_argument("--rounds", type=int, default=2, help="runs per setting, alternated (default 2)")
     ap.add_argument("--sequence", default="cap,agg16,cap,agg16",
                     help="phases of a run: cap, aggN, wbN, comma-separated (default cap,agg16,cap,agg16)")
@@ -113,6 +132,12 @@ def main(argv=None) -> int:
         if not sep or not name:
             ap.error(f"--setting {item!r}: expected NAME=SERVER_ARGS")
         settings[name] = tuple(extra.split())
+    codes = {}
+    for item in args.code:
+        name, sep, folder = item.partition("=")
+        if name not in settings or not (Path(folder) / "linearrag_torch").is_dir():
+            ap.error(f"--code {item!r}: expected NAME=DIR, NAME a --setting and DIR a checkout of this repository")
+        codes[name] = Path(folder)
     sequence = args.sequence.split(",")
     for name in sequence:
         if name != "cap" and not re.fullmatch(r"(agg|wb)\d+", name):
@@ -125,8 +150,9 @@ def main(argv=None) -> int:
     for rnd in range(args.rounds):
         for name, extra in settings.items():
             t0 = time.perf_counter()
-            phases = one_run(args.index, questions, extra, sequence, args)
+            version, phases = one_run(args.index, questions, extra, sequence, args, codes.get(name))
             result["runs"].append({"setting": name, "server_args": " ".join(extra), "round": rnd,
+                                   "code": commit_of(codes.get(name)), "server_version": version,
                                    "seconds": round(time.perf_counter() - t0, 1), "phases": phases})
             print(f"[ab] {name} round {rnd}: " + ", ".join(
                 f"{p['phase']} {p['goodput_qps']}" + (f" ({p['of_capacity']})" if "of_capacity" in p else "")

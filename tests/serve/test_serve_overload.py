@@ -493,23 +493,39 @@ def test_aggressive_retrying_clients_keep_the_goodput_of_capacity(small_index_di
 def test_serve_ab_benchmark_alternates_settings_and_divides_by_the_runs_capacity(small_index_dir, small_questions,
                                                                                  tmp_path):
     """benchmarks.serve_ab on tiny phases: each setting's runs alternate, every overload phase is divided by the
-    capacity phase before it, and each phase says where the core-seconds went."""
+    capacity phase before it, and each phase says where the core-seconds went. ``--code`` runs a setting's server
+    from another checkout: here a copy of the package that says another version."""
     pytest.importorskip("aiohttp")
+    import shutil
     import subprocess
     import sys
     from pathlib import Path
 
+    import linearrag_torch
     from conftest import write_jsonl
 
+    root = Path(__file__).resolve().parents[2]
+    checkout = tmp_path / "checkout"
+    package = checkout / "linearrag_torch"
+    shutil.copytree(root / "linearrag_torch", package, ignore=shutil.ignore_patterns("data", "__pycache__"))
+    (package / "data").symlink_to(root / "linearrag_torch" / "data")  # (the bundled models: not copied)
+    init = package / "__init__.py"
+    init.write_text(init.read_text().replace(f'__version__ = "{linearrag_torch.__version__}"',
+                                             '__version__ = "0.0.0+checkout"'))
     qfile = write_jsonl(tmp_path / "questions.jsonl", small_questions)
     out = tmp_path / "ab.json"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.serve_ab", "--index", str(small_index_dir), "--questions",
-                           str(qfile), "--setting", "a=--refusal-delay 0.2", "--setting", "b=", "--rounds", "1",
-                           "--sequence", "cap,agg2", "--duration", "1.5", "--json", str(out)],
-                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300)
+                           str(qfile), "--setting", "a=--refusal-delay 0.2", "--setting", "b=", "--code",
+                           f"b={checkout}", "--rounds", "1", "--sequence", "cap,agg2", "--duration", "1.5", "--json",
+                           str(out)], cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads(out.read_text())
     assert [(r["setting"], r["server_args"]) for r in res["runs"]] == [("a", "--refusal-delay 0.2"), ("b", "")]
+    assert [r["server_version"] for r in res["runs"]] == [linearrag_torch.__version__, "0.0.0+checkout"]
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.serve_ab", "--index", str(small_index_dir), "--questions",
+                          str(qfile), "--setting", "b=", "--code", f"b={tmp_path}", "--json", str(out)], cwd=root,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "a checkout of this repository" in bad.stderr
     for run in res["runs"]:
         cap, agg = run["phases"]
         assert (cap["phase"], cap["clients"], agg["phase"], agg["clients"]) == ("cap", 16, "agg2", 32)
