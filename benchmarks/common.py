@@ -15,6 +15,7 @@ import torch
 
 from linearrag_torch.retrieval.engine import DeviceGraph
 from linearrag_torch.kernels.backends import numba_available, torch_scatter_available, triton_available
+from linearrag_torch.env import native_bf16
 from linearrag_torch.queries import EncodedQueries
 from linearrag_torch.retrieval.memory import status_bytes
 from linearrag_torch.synthetic import index_from_mentions, random_embeddings, random_mentions
@@ -121,12 +122,30 @@ def machine(device: torch.device, threads: int) -> dict:
         import numba
 
         d["numba"] = numba.__version__
+    d["cpu"] = cpu_model()
+    get_capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    if get_capability is not None:  # the kernels torch dispatches to: AVX512 / AVX2 (capped by ATEN_CPU_CAPABILITY)
+        d["torch_cpu_capability"] = str(get_capability())
+    d["native_bf16"] = native_bf16("cpu")  # the kernels' bf16: native (AVX512-BF16, AMX) or emulated
     if device.type == "cuda":
         d["gpu"] = torch.cuda.get_device_name(device)
         d["description"] = f"{d['gpu']}"
     else:
-        d["description"] = f"{os.cpu_count()} cores CPU, {threads} torch thread(s)"
+        d["description"] = (f"{os.cpu_count()} cores {d['cpu']}, {threads} torch thread(s), "
+                            f"{'native' if d['native_bf16'] else 'no native'} bf16 kernels")
     return d
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo, else platform.processor())."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
 
 
 def kernel_backends() -> dict:

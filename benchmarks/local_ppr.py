@@ -30,6 +30,8 @@ from linearrag_torch.config import RetrievalConfig  # noqa: E402
 from linearrag_torch.corpus import read_questions  # noqa: E402
 from linearrag_torch.retrieval.engine import retrieve  # noqa: E402
 
+from benchmarks.common import cpu_model  # noqa: E402
+
 
 def recall(rows, ids, questions, k: int) -> float:
     """Mean over the questions with gold of |gold in the top k| / |gold|, in percent."""
@@ -186,21 +188,11 @@ def main(argv=None) -> int:
         ap.error("--data takes pairs DATA_DIR INDEX_DIR")
     sets = [run_set(args.data[i], args.data[i + 1], args) for i in range(0, len(args.data), 2)]
     out = {"date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
-           "cpu": _cpu(), "threads": torch.get_num_threads(), "torch": torch.__version__, "sets": sets,
+           "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__, "sets": sets,
            "command": "python -m benchmarks.local_ppr " + " ".join(argv or __import__("sys").argv[1:])}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1))
     return 0
-
-
-def _cpu() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

@@ -155,3 +155,23 @@ def test_encoder_arithmetic_pool_writes_passage_vectors_from_the_sentences(small
     assert out.sentences == src.sentences and torch.equal(out.M.col, src.M.col) and torch.equal(out.M.val, src.M.val)
     meta = json.loads((dst / "encode_seconds.json").read_text())
     assert meta["passage_vectors"] == "pooled sentence vectors, uniform weights"
+
+
+def test_a_result_names_the_cpu_and_its_kernels_capped_or_not():
+    """Every benchmark's ``machine`` record names the CPU, the kernels torch dispatches to and whether bf16 is
+    native there: the same CPU with torch's kernels capped at AVX2 (as on an AVX2-only CPU) says so."""
+    code = ("import json, torch; from benchmarks.common import machine; "
+            "print(json.dumps(machine(torch.device('cpu'), 1)))")
+    records = {}
+    for cap in (None, "avx2"):
+        env = {k: v for k, v in __import__("os").environ.items() if k != "ATEN_CPU_CAPABILITY"}
+        if cap:
+            env["ATEN_CPU_CAPABILITY"] = cap
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        records[cap] = json.loads(proc.stdout)
+    capped = records["avx2"]
+    assert capped["cpu"] == records[None]["cpu"] and capped["cpu"]
+    assert capped["torch_cpu_capability"] == "AVX2" and capped["native_bf16"] is False
+    assert capped["description"].endswith("no native bf16 kernels")
