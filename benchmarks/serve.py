@@ -76,7 +76,8 @@ class Server:
         the installed package."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "linearrag_torch.cli", "serve", str(Path(index).resolve()), "--port", str(self.port),
+        cmd = [sys.executable, "-m", "linearrag_torch.cli", "serve", str(Path(index).resolve()), "--port",
+               str(self.port),
                "--device", device, "--max-batch-size", str(max_batch_size), "--max-wait-ms", str(max_wait_ms),
                *(("--max-concurrent", str(max_concurrent)) if max_concurrent else ()), "--timeout", str(timeout),
                "--log-level", "warning", *extra_args]

@@ -39,14 +39,16 @@ from linearrag_torch.corpus import read_questions
 BASE = 16  # clients of the capacity phase, and --max-concurrent
 
 
-def one_run(index: Path, questions: list, extra: tuple, sequence: list, args, code: Path | None = None) -> list:
+def one_run(index: Path, questions: list, extra: tuple, sequence: list, args, code: Path | None = None) -> tuple:
+    """(the server's version, a row per phase) of one run against a server started with ``extra`` (from the
+    checkout ``code``, else the installed package)."""
     phase_args = argparse.Namespace(duration=args.duration, max_requests=10**9, timeout=60.0, client_processes=0,
                                     retry_storm=False, client_nice=0)
     srv = S.Server(index, "cpu", 64, 0.0, BASE, 60.0, extra_args=extra, code=code)
     rows, capacity = [], None
     try:
         srv.wait_ready()
-        rows.append({"server_version": S.httpx.get(srv.url + "/info", timeout=10).json().get("version")})
+        version = S.httpx.get(srv.url + "/info", timeout=10).json().get("version")
         for name in sequence:
             if name == "cap":
                 r = S.phase(srv, name, questions, BASE, phase_args)
@@ -65,7 +67,7 @@ def one_run(index: Path, questions: list, extra: tuple, sequence: list, args, co
             rows.append(row)
     finally:
         srv.stop()
-    return rows[0]["server_version"], rows[1:]
+    return version, rows
 
 
 def commit_of(folder: Path | None) -> str | None:
