@@ -82,11 +82,11 @@ class Server:
                *(("--max-concurrent", str(max_concurrent)) if max_concurrent else ()), "--timeout", str(timeout),
                "--log-level", "warning", *extra_args]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        cwd = None
         if code is not None:  # (python -m puts the working folder first on the path: the checkout's package wins)
-            env["PYTHONPATH"] = str(Path(code).resolve())
+            cwd = env["PYTHONPATH"] = str(Path(code).resolve())
         self.log = open(log, "wb") if log else subprocess.DEVNULL
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=self.log,
-                                     cwd=str(Path(code).resolve()) if code is not None else None)
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=self.log, cwd=cwd)
 
     def wait_ready(self, limit_s: float = 300) -> float:
         t0 = time.perf_counter()
