@@ -106,6 +106,44 @@ def _status_bytes(field: str) -> int:
     return status_bytes(field) or 0
 
 
+class MemorySampler:
+    """The largest anonymous and file-backed resident memory of this process while the block runs, read from
+    /proc/self/status every ``interval`` seconds by a thread (the kernel keeps a peak of the total only, VmHWM; an
+    index read from a folder is mapped from its files, whose resident pages the kernel can drop and reread, so the
+    two are reported apart). A sample can miss a peak shorter than the interval.
+
+        with MemorySampler() as mem:
+            work()
+        mem.peak_anonymous, mem.peak_file
+    """
+
+    def __init__(self, interval: float = 0.02):
+        import threading
+
+        self.interval = interval
+        self.peak_anonymous = self.peak_file = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        self.peak_anonymous = max(self.peak_anonymous, _status_bytes("RssAnon"))
+        self.peak_file = max(self.peak_file, _status_bytes("RssFile"))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self) -> "MemorySampler":
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+
 # ----------------------------------------------------------------------------------------- machine
 def machine(device: torch.device, threads: int) -> dict:
     """Versions and hardware for a result file."""
@@ -161,9 +199,11 @@ def synthetic_mentions(passages: int, stats: dict, seed: int = 0):
                            stats["extra_ratio"], repeat=stats.get("repeat", 0.0), seed=seed)
 
 
-def synthetic_embeddings(m, dim: int, seed: int = 0) -> list:
-    """Random unit vectors for the passages, sentences and entities of mentions ``m`` (seeds seed+1..3)."""
-    return [random_embeddings(n, dim, seed + i + 1) for i, n in enumerate((m.passages, m.sentences, m.entities))]
+def synthetic_embeddings(m, dim: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> list:
+    """Random unit vectors for the passages, sentences and entities of mentions ``m`` (seeds seed+1..3), stored in
+    ``dtype`` (an index's embedding dtype)."""
+    return [random_embeddings(n, dim, seed + i + 1, dtype=dtype)
+            for i, n in enumerate((m.passages, m.sentences, m.entities))]
 
 
 def make_graph(passages: int, dim: int, device, seed: int = 0, stats: dict = DEFAULT_STATS):

@@ -2,16 +2,21 @@
 a real corpus, from 10,000 passages up, torch backend against the scipy reference.
 
     python -m benchmarks.scaling [--sizes 10000 100000 1000000] [--batch 1 64 1024] [--device cpu]
-                                 [--real ../shared/datasets/2wiki] --json OUT [--png OUT] [--merge]
+                                 [--real DIR | --real none] [--dim 384] --json OUT [--png OUT] [--merge]
 
-Per size: build time of the sparse structure (mentions -> M, C, N, PS -> the query-ready device
-graph; NER and encoding excluded, they are measured on the real corpus with --real), bytes of index
-per passage, queries/s per backend and batch size, peak memory; then the log-log slope of time
-against size. See benchmarks/README.md for the protocol and benchmarks/results/ for our numbers.
+By default at the real size: 384-dimensional vectors (all-MiniLM-L6-v2's) in the dtype an index stores
+(--embedding-dtype), the statistics of a real corpus (--real, 2wiki of ../shared/datasets when present) and the
+defaults' rows (RetrievalConfig(), ppr_mode auto). Per size: build time of the sparse structure (mentions -> M, C,
+N, PS -> the query-ready device graph; NER and encoding excluded, they are measured on the real corpus with
+--real), the bytes a passage costs by part (the index's vectors and matrices, what the engine made from them),
+queries/s per backend and batch size, peak memory (total RSS, and its anonymous and file-backed parts); then the
+log-log slope of time against size. A size whose memory, extrapolated from the last one, would not fit in the
+memory available is skipped (and listed). See benchmarks/README.md for the protocol and benchmarks/results/ for our numbers.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gc
 import json
@@ -28,16 +33,21 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.common import (  # noqa: E402
-    DEFAULT_STATS, StepMeter, log, machine, peak_memory, pick_device, reset_peak_memory, sync, synthetic_embeddings,
+    DEFAULT_STATS, MemorySampler, StepMeter, log, machine, peak_memory, pick_device, reset_peak_memory, sync, synthetic_embeddings,
     synthetic_mentions,
 )
-from linearrag_torch.retrieval import scipy_backend  # noqa: E402
+from linearrag_torch.retrieval import ann, scipy_backend  # noqa: E402
 from linearrag_torch.config import AUTO_RESET_PASSAGES, IndexConfig, RetrievalConfig  # noqa: E402
+from linearrag_torch.index.graph import EMBEDDING_TORCH_DTYPES  # noqa: E402
 from linearrag_torch.retrieval.engine import DeviceGraph, retrieve  # noqa: E402
+from linearrag_torch.retrieval.memory import status_bytes  # noqa: E402
 from linearrag_torch.synthetic import index_from_mentions, random_embeddings, random_mentions, random_queries
 
 DEFAULT_SIZES = (10_000, 30_000, 100_000, 300_000, 1_000_000)
 DEFAULT_BATCHES = (1, 64, 1024)
+# the real corpus whose statistics the synthetic ones copy by default (the project's shared data sets, beside the
+# repository; absent elsewhere: then DEFAULT_STATS, calibrated on it)
+DEFAULT_REAL = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "2wiki"
 
 
 # ----------------------------------------------------------------------------------------- real corpus
@@ -167,33 +177,63 @@ def calibrate_generator(stats: dict, max_passages: int = 20_000, rounds: int = 1
 
 # ----------------------------------------------------------------------------------------- one size
 def _index_bytes(index) -> int:
-    """Bytes of the index's tensors: embeddings and the CSR arrays of M, C, N, PS."""
-    n = sum(t.numel() * t.element_size() for t in (index.passage_emb, index.sentence_emb, index.entity_emb))
-    for m in (index.M, index.C, index.N, index.PS):
-        n += sum(t.numel() * t.element_size() for t in (m.crow, m.col, m.val))
-    return n
+    """Bytes of the index's tensors: vectors, the CSR arrays of M, C, N, PS, the token keys."""
+    return sum(index.nbytes_by_part().values())
 
 
-def build(passages: int, stats: dict, dim: int, device: torch.device, seed: int = 0):
-    """A synthetic index of ``passages`` passages; times the structure build (mentions -> device graph)."""
-    m = synthetic_mentions(passages, stats, seed)
-    emb = synthetic_embeddings(m, dim, seed)
+def per_passage(parts: dict, passages: int) -> dict:
+    """{part: bytes} as bytes a passage, rounded."""
+    return {k: round(v / passages, 1) for k, v in parts.items()}
+
+
+def rss_now() -> dict:
+    """This process's resident memory now: total, anonymous and file-backed (mapped files) bytes."""
+    return {"rss_bytes": status_bytes("VmRSS") or 0, "rss_anonymous_bytes": status_bytes("RssAnon") or 0,
+            "rss_file_bytes": status_bytes("RssFile") or 0}
+
+
+def prepare_walks(graph, cfgs: dict, passages: int) -> None:
+    """The PageRank structures the settings ``cfgs`` run at this size (ppr_mode auto made concrete): the exact
+    walk's operator and / or the push's graph, built as part of the timed build."""
+    modes = {cfg.for_corpus(passages).ppr_mode for cfg in cfgs.values()} or {"exact"}
+    if "exact" in modes:
+        graph.ppr_graph(False)
+    if "local" in modes:
+        graph.push_graph(False)
+
+
+def build(passages: int, stats: dict, dim: int, device: torch.device, seed: int = 0,
+          dtype: str = "float32", cfgs: dict | None = None):
+    """A synthetic index of ``passages`` passages with ``dim``-dimensional vectors stored in ``dtype``; times the
+    structure build (mentions -> device graph, with the PageRank structures ``cfgs`` use: prepare_walks) and reports
+    its memory: peak RSS of the whole build (vectors included), bytes a passage by part."""
+    cfgs = {} if cfgs is None else cfgs
     base = reset_peak_memory(torch.device("cpu"))
-    t, tc = time.perf_counter(), time.process_time()
-    index = index_from_mentions(m, *emb)
-    structure_s = time.perf_counter() - t
-    graph = DeviceGraph(index, device)
-    graph.ppr_graph(False)
-    sync(device)
-    build_s = time.perf_counter() - t
-    build_cpu_s = time.process_time() - tc
+    with MemorySampler() as mem:
+        m = synthetic_mentions(passages, stats, seed)
+        emb = synthetic_embeddings(m, dim, seed, EMBEDDING_TORCH_DTYPES[dtype])
+        t, tc = time.perf_counter(), time.process_time()
+        index = index_from_mentions(m, *emb)
+        if dtype != "float32":  # as a built index records it (IndexConfig.embedding_dtype)
+            index.index_config = dataclasses.replace(index.index_config, embedding_dtype=dtype)
+        structure_s = time.perf_counter() - t
+        graph = DeviceGraph(index, device)
+        prepare_walks(graph, cfgs, passages)
+        sync(device)
+        build_s = time.perf_counter() - t
+        build_cpu_s = time.process_time() - tc
+    index_parts, graph_parts = index.nbytes_by_part(), graph.nbytes_by_part()
     info = {
         "passages": passages, "sentences": index.num_sentences, "entities": index.num_entities,
-        "nnz_M": index.M.nnz, "nnz_C": index.C.nnz, "nnz_N": index.N.nnz, "dim": dim,
+        "nnz_M": index.M.nnz, "nnz_C": index.C.nnz, "nnz_N": index.N.nnz, "dim": dim, "embedding_dtype": dtype,
         "build_s": build_s, "build_cpu_s": build_cpu_s, "structure_s": structure_s,
         "device_graph_s": build_s - structure_s,
-        "index_bytes": _index_bytes(index), "graph_bytes": graph.nbytes(),
+        "index_bytes": sum(index_parts.values()), "graph_bytes": sum(graph_parts.values()),
+        "index_bytes_per_passage_by_part": per_passage(index_parts, passages),
+        "graph_bytes_per_passage_by_part": per_passage(graph_parts, passages),
         "build_peak_mem_bytes": peak_memory(torch.device("cpu")), "build_rss_before_bytes": base,
+        "build_peak_anonymous_bytes": mem.peak_anonymous, "build_peak_file_bytes": mem.peak_file,
+        "after_build": rss_now(),
     }
     info["index_bytes_per_passage"] = info["index_bytes"] / passages
     # the same build again in this process: without the page faults of the memory the process takes for
@@ -202,8 +242,9 @@ def build(passages: int, stats: dict, dim: int, device: torch.device, seed: int 
     gc.collect()
     t = time.perf_counter()
     index = index_from_mentions(m, *emb)
+    index.index_config = dataclasses.replace(index.index_config, embedding_dtype=dtype)
     graph = DeviceGraph(index, device)
-    graph.ppr_graph(False)
+    prepare_walks(graph, cfgs, passages)
     sync(device)
     info["build_warm_s"] = time.perf_counter() - t
     del m, emb
@@ -332,7 +373,6 @@ def ann_stages(graph, index, cfgs: dict, questions: int, seed: int, log) -> dict
     and on ``questions`` random questions its recall of the exact answers: the share of question entities whose
     nearest entity (eq. 3) is the exact scan's, and of the exact top reset_passages passages among its
     candidates (both as the engine uses them, rescored exactly), with each search's ms per question."""
-    from linearrag_torch.retrieval import ann
     from linearrag_torch.retrieval.activation import nearest_entities
     from linearrag_torch.retrieval.engine import cosines
     from linearrag_torch.retrieval.pagerank import top_passages
@@ -342,7 +382,7 @@ def ann_stages(graph, index, cfgs: dict, questions: int, seed: int, log) -> dict
     exact_top = None
     exact_near = None
     for name, cfg in cfgs.items():
-        if cfg.ann == "exact":
+        if cfg.ann in ("exact", "auto"):
             continue
         info = {}
         for which in ("entity", "passage"):
@@ -400,7 +440,8 @@ def top5_agreement(graph, index, cfgs: dict, questions: int, seed: int) -> dict:
 
 def run_size(passages, stats, args, device, log):
     cfgs = mode_configs(args)
-    index, graph, info = build(passages, stats, args.dim, device, seed=args.seed)
+    index, graph, info = build(passages, stats, args.dim, device, seed=args.seed, dtype=args.embedding_dtype,
+                               cfgs=cfgs if "torch" in args.backends else {})
     if args.memory_budget:
         graph.memory_budget = args.memory_budget
     log(f"{passages:>9,} passages: {info['sentences']:,} sentences, {info['entities']:,} entities, "
@@ -418,12 +459,18 @@ def run_size(passages, stats, args, device, log):
                 f"({args.agreement_questions} questions)")
     for batch in args.batch:
         for name, cfg in (cfgs.items() if "torch" in args.backends else ()):
-            r = time_torch(graph, index, batch, cfg, device, args.min_questions, args.seed + 1000 * batch,
-                           args.max_call_s)
+            with MemorySampler() as mem:
+                r = time_torch(graph, index, batch, cfg, device, args.min_questions, args.seed + 1000 * batch,
+                               args.max_call_s)
+            r.update({"peak_anonymous_bytes": mem.peak_anonymous, "peak_file_bytes": mem.peak_file,
+                      # the engine's caches after the row (the push graph, ANN indexes are built on first use)
+                      "graph_bytes_per_passage_by_part": per_passage(graph.nbytes_by_part(), passages)})
             rows.append({**common, "backend": name, "device": str(device), "batch": batch,
                          "settings": {k: getattr(cfg, k) for k in ("ppr_mode", "reset_passages", "ppr_eps",
                                                                    "reset_minmax", "ann", "ann_probe")},
-                         "ppr_mode_run": cfg.for_corpus(passages).ppr_mode, **r})  # what auto chose
+                         # what auto chose
+                         "ppr_mode_run": cfg.for_corpus(passages).ppr_mode, "ann_run": ann.for_graph(cfg, graph).ann,
+                         **r})
             part = f", {r['chunks_timed']} of {r['chunks']} chunks of {r['questions_per_chunk']}" if "chunks" in r else ""
             stages = ", ".join(f"{k} {v:.2f}" for k, v in r["stage_ms_per_question"].items())
             log(f"    {name:<11} {str(device):>5} batch {batch:>5}: {r['queries_per_s']:9.2f} q/s "
@@ -568,8 +615,10 @@ def parse_args(argv=None):
     ap.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), help="numbers of passages")
     ap.add_argument("--batch", type=int, nargs="+", default=list(DEFAULT_BATCHES), help="batch sizes")
     ap.add_argument("--device", default="cpu", help="torch device of the torch backend (cpu, cuda, auto)")
-    ap.add_argument("--backends", nargs="+", default=["torch", "scipy"], choices=["torch", "scipy"])
-    ap.add_argument("--ppr-modes", nargs="+", default=["exact"], choices=["exact", "local", "defaults"],
+    ap.add_argument("--backends", nargs="+", default=["torch"], choices=["torch", "scipy"],
+                    help="the torch engine and/or the scipy reference (its float64 copies need about 3x the "
+                         "memory of the index)")
+    ap.add_argument("--ppr-modes", nargs="+", default=["defaults"], choices=["exact", "local", "defaults"],
                     help="the torch backend's PageRank: 'exact' (row backend 'torch'), 'local' ('torch local', "
                          "with --reset-passages and --ppr-eps) and/or 'defaults' ('torch defaults': "
                          "RetrievalConfig() as it is, ppr_mode auto)")
@@ -585,7 +634,12 @@ def parse_args(argv=None):
     ap.add_argument("--ann-cache", default=None, help="ann_cache of the ANN rows (a folder; default: build in memory)")
     ap.add_argument("--agreement-questions", type=int, default=64,
                     help="questions on which the local rows' top 5 is compared with the exact mode's (0: none)")
-    ap.add_argument("--dim", type=int, default=64, help="embedding dimension of the synthetic corpora")
+    ap.add_argument("--dim", type=int, default=384,
+                    help="embedding dimension of the synthetic corpora (384: all-MiniLM-L6-v2's, what `linearrag "
+                         "index` builds)")
+    ap.add_argument("--embedding-dtype", default=IndexConfig().embedding_dtype, choices=list(EMBEDDING_TORCH_DTYPES),
+                    help="the dtype the index stores its vectors in (IndexConfig.embedding_dtype; default: an "
+                         "index's default)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch (and BLAS) threads; 1 by default: on a shared machine it gives steady numbers")
     ap.add_argument("--scipy-questions", type=int, default=8, help="questions the scipy reference is timed on")
@@ -593,7 +647,10 @@ def parse_args(argv=None):
     ap.add_argument("--max-call-s", type=float, default=150.0,
                     help="time only some chunks of a batch that would take longer than this (see time_torch)")
     ap.add_argument("--memory-budget", default=None, help="engine working-memory budget, e.g. 4G (default: engine's)")
-    ap.add_argument("--real", type=Path, default=None, help="real corpus folder (corpus.jsonl) to measure statistics on")
+    ap.add_argument("--real", type=_real_folder, default=DEFAULT_REAL if DEFAULT_REAL.is_dir() else None,
+                    help="real corpus folder (corpus.jsonl) to measure statistics on, or 'none' (the statistics kept "
+                         "by --merge, else those measured on 2wiki, DEFAULT_STATS); default: "
+                         "../shared/datasets/2wiki beside the repository when present")
     ap.add_argument("--encode-sample", type=int, default=256, help="texts per kind encoded to estimate encoding time")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, required=True, help="write (or with --merge, update) this JSON file")
@@ -608,6 +665,40 @@ def parse_args(argv=None):
 
         args.memory_budget = parse_bytes(args.memory_budget)
     return args
+
+
+def _real_folder(value: str) -> Path | None:
+    """--real: a corpus folder, or 'none'."""
+    if value.lower() == "none":
+        return None
+    path = Path(value)
+    if not (path / "corpus.jsonl").is_file():
+        raise argparse.ArgumentTypeError(f"{path}: no corpus.jsonl there")
+    return path
+
+
+def fits(passages: int, sizes: dict, margin: float = 0.9) -> tuple:
+    """Whether a size of ``passages`` fits in memory, extrapolated linearly from the largest size measured below it
+    (its peak RSS a passage, build and rows) against the memory available to this process (MemAvailable and what
+    it holds now, which that size frees): (fits, estimated bytes, available bytes); True without such a size."""
+    below = [s for p, s in sizes.items() if p < passages and s.get("peak_rss_per_passage")]
+    avail = _mem_available() + (status_bytes("VmRSS") or 0)
+    if not below or not avail:
+        return True, None, avail
+    est = max(below, key=lambda s: s["passages"])["peak_rss_per_passage"] * passages
+    return est <= margin * avail, est, avail
+
+
+def _mem_available() -> int:
+    """MemAvailable of /proc/meminfo in bytes (0 where unknown)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def prepare(args):
@@ -648,7 +739,7 @@ def prepare(args):
     return device, malloc_kept, stats, real, generator, sizes, rows
 
 
-def report(args, argv, device, malloc_kept, stats, real, generator, sizes, rows) -> dict:
+def report(args, argv, device, malloc_kept, stats, real, generator, sizes, rows, skipped=()) -> dict:
     """The result so far, written to --json (after every size: a long run keeps what it did)."""
     result = {
         "benchmark": "scaling", "date": datetime.date.today().isoformat(), "machine": {**machine(device, args.threads),
@@ -658,6 +749,7 @@ def report(args, argv, device, malloc_kept, stats, real, generator, sizes, rows)
         "config": RetrievalConfig().to_dict(), "synthetic_stats": stats, "generator": generator,
         "real_corpus": real,
         "sizes": sorted(sizes.values(), key=lambda s: s["passages"]),
+        "skipped_sizes": list(skipped),
         "rows": sorted(rows, key=lambda r: (r["passages"], r["backend"], r["batch"])),
     }
     result.update(summarise(result))
@@ -699,11 +791,21 @@ def _cpu_caps() -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     device, malloc_kept, stats, real, generator, sizes, rows = prepare(args)
+    skipped = []
     for P in args.sizes:  # run
+        ok, est, avail = fits(P, sizes)
+        if not ok:
+            log(f"{P:>9,} passages: skipped, about {est / 2**30:.1f} GiB by the last size's peak a passage, "
+                f"{avail / 2**30:.1f} GiB available")
+            skipped.append({"passages": P, "estimated_peak_bytes": est, "available_bytes": avail})
+            continue
         info, new_rows = run_size(P, stats, args, device, log)
+        peaks = [info["build_peak_mem_bytes"]] + [r["peak_mem_bytes"] for r in new_rows if "peak_mem_bytes" in r]
+        info["peak_rss_per_passage"] = max(peaks) / P
         sizes[P] = merge_size(sizes.get(P, {}), info)
         rows += new_rows
-        result = report(args, argv, device, malloc_kept, stats, real, generator, sizes, rows)
+        report(args, argv, device, malloc_kept, stats, real, generator, sizes, rows, skipped)  # what is done so far
+    result = report(args, argv, device, malloc_kept, stats, real, generator, sizes, rows, skipped)
     plot(result, args.png or args.json.with_suffix(".png"))
     log(json.dumps({k: result[k] for k in ("slopes", "slopes_cpu_time", "torch_over_scipy_pooled")}, indent=1))
     return 0

@@ -20,7 +20,8 @@ PPR_MODES = ("auto", "exact", "local")
 # ppr_mode "auto" above ppr_local_from with reset_passages 0: the sparse reset's size (docs/tuning.md, "Local PageRank and the sparse reset")
 AUTO_RESET_PASSAGES = 2000
 RESET_MINMAX = ("global", "top")  # eq. 7's min-max with reset_passages: over all passages or over the top m
-ANN_KINDS = ("exact", "ivf", "hnsw")  # retrieval/ann.py: the nearest-vector stage (the exact product, or FAISS)
+# retrieval/ann.py: the nearest-vector stage: by the corpus's size, the exact product, or FAISS
+ANN_KINDS = ("auto", "exact", "ivf", "hnsw")
 
 
 def _f(default, help: str, **meta):
@@ -110,10 +111,12 @@ class RetrievalConfig:
                                 "(0: every passage; the passages holding active entities keep their entity term)")
     reset_minmax: str = _f("global", "with reset_passages: eq. 7's min-max of the cosines over all passages "
                                      "('global') or over those top passages ('top')", choices=RESET_MINMAX)
-    ann: str = _f("exact", "the nearest-vector stage of eq. 3's seeds and, with ppr_mode local and reset_passages, of "
-                           "the top passages: 'exact' (one product over every vector) or a FAISS index built on "
-                           "first use, 'ivf' or 'hnsw' (approximate; needs the ann extra; CPU only, a GPU engine "
-                           "keeps the exact product)", choices=ANN_KINDS)
+    ann: str = _f("auto", "the nearest-vector stage of eq. 3's seeds and, with ppr_mode local and reset_passages, of "
+                          "the top passages: 'exact' (one product over every vector) or a FAISS index built on "
+                          "first use, 'ivf' or 'hnsw' (approximate; needs the ann extra; CPU only, a GPU engine "
+                          "keeps the exact product); 'auto': 'ivf' from ppr_local_from passages on where the local "
+                          "PageRank runs with a sparse reset, on the CPU with FAISS installed, else 'exact'",
+                          choices=ANN_KINDS)
     ann_probe: int = _f(16, "ann ivf: inverted lists searched per vector (nprobe); ann hnsw: the search's "
                             "candidate list (efSearch, at least the vectors asked for)")
     ann_lists: int = _f(0, "ann ivf: inverted lists of the index (0: about the square root of the vectors)")
@@ -257,9 +260,9 @@ class RetrievalConfig:
         if not -1.0 <= self.chain_prior_floor <= 1.0:
             raise ValueError(f"chain_prior_floor must be in [-1, 1] (a cosine), got {self.chain_prior_floor}")
 
-    def for_corpus(self, passages: int, local: bool = True) -> "RetrievalConfig":
-        """These settings with ``ppr_mode`` "auto" made concrete for an index's size. Every engine calls it once
-        per batch, before anything reads the mode.
+    def for_corpus(self, passages: int, local: bool = True, ann_ready: bool = False) -> "RetrievalConfig":
+        """These settings with ``ppr_mode`` and ``ann`` "auto" made concrete for an index's size. Every engine calls
+        it once per batch, before anything reads the mode.
 
         Parameters
         ----------
@@ -267,26 +270,39 @@ class RetrievalConfig:
             Passages of the index queried.
         local : bool, default True
             Whether the engine has the local PageRank (False: the sharded engine, "exact" at any size).
+        ann_ready : bool, default False
+            Whether the engine can take the ANN stage (retrieval/ann.py ``ready``: FAISS installed, the engine on
+            the CPU).
 
         Returns
         -------
         RetrievalConfig
-            Itself when ``ppr_mode`` is "exact" or "local"; for "auto", a copy with "exact" below
-            ``ppr_local_from`` passages, else "local" with ``reset_passages`` (``AUTO_RESET_PASSAGES`` when 0).
+            Itself when neither is "auto". ``ppr_mode`` "auto": "exact" below ``ppr_local_from`` passages, else
+            "local" with ``reset_passages`` (``AUTO_RESET_PASSAGES`` when 0). ``ann`` "auto": "ivf" from
+            ``ppr_local_from`` passages on where the local PageRank runs with a sparse reset and ``ann_ready``,
+            else "exact".
 
         Examples
         --------
         >>> RetrievalConfig().for_corpus(6_119).ppr_mode
         'exact'
         >>> cfg = RetrievalConfig().for_corpus(1_000_000)
-        >>> cfg.ppr_mode, cfg.reset_passages
-        ('local', 2000)
+        >>> cfg.ppr_mode, cfg.reset_passages, cfg.ann
+        ('local', 2000, 'exact')
+        >>> RetrievalConfig().for_corpus(1_000_000, ann_ready=True).ann
+        'ivf'
         """
-        if self.ppr_mode != "auto":
-            return self
-        if not local or passages < self.ppr_local_from:
-            return dataclasses.replace(self, ppr_mode="exact")
-        return dataclasses.replace(self, ppr_mode="local", reset_passages=self.reset_passages or AUTO_RESET_PASSAGES)
+        cfg = self
+        if cfg.ppr_mode == "auto":
+            if not local or passages < cfg.ppr_local_from:
+                cfg = dataclasses.replace(cfg, ppr_mode="exact")
+            else:
+                cfg = dataclasses.replace(cfg, ppr_mode="local", reset_passages=cfg.reset_passages or AUTO_RESET_PASSAGES)
+        if cfg.ann == "auto":
+            ivf = (ann_ready and local and passages >= cfg.ppr_local_from and cfg.use_ppr and cfg.ppr_mode == "local"
+                   and cfg.reset_passages > 0)
+            cfg = dataclasses.replace(cfg, ann="ivf" if ivf else "exact")
+        return cfg
 
     def replace(self, **changes) -> "RetrievalConfig":
         """A copy with some fields changed.

@@ -169,10 +169,12 @@ def index_from_mentions(m: Mentions, passage_emb: torch.Tensor, sentence_emb: to
     )
 
 
-def random_embeddings(rows: int, dim: int, seed: int = 0, chunk: int = 1 << 18) -> torch.Tensor:
-    """[rows, dim] random unit vectors, generated ``chunk`` rows at a time (little peak memory)."""
+def random_embeddings(rows: int, dim: int, seed: int = 0, chunk: int = 1 << 18,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[rows, dim] random unit vectors (computed in float32, stored in ``dtype``), generated ``chunk`` rows at a
+    time (little peak memory)."""
     gen = torch.Generator().manual_seed(seed)
-    out = torch.empty(rows, dim)
+    out = torch.empty(rows, dim, dtype=dtype)
     for i in range(0, rows, chunk):
         x = torch.randn(min(chunk, rows - i), dim, generator=gen)
         out[i:i + x.shape[0]] = x / x.norm(dim=1, keepdim=True).clamp(min=1e-12)

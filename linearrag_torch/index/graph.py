@@ -312,6 +312,54 @@ class TriGraphIndex:
                   "retrieval_config": self.retrieval_config.to_dict()}
         return tensors, strings, fields
 
+    def tensors(self) -> list:
+        """Every tensor the index holds: vectors, matrices, the NER record and the token keys.
+
+        Returns
+        -------
+        list of torch.Tensor
+            The tensors (a matrix as its crow, col and val arrays).
+
+        Examples
+        --------
+        >>> len(rag.index.tensors()) >= 15
+        True
+        """
+        out = [self.passage_emb, self.sentence_emb, self.entity_emb]
+        mats = [getattr(self, name) for name in MATRICES]
+        if self.ner is not None:
+            mats += [getattr(self.ner, part) for part in NER_PARTS]
+        out += [t for m in mats for t in (m.crow, m.col, m.val)]
+        if self.keys is not None:
+            out += [getattr(self.keys, part) for part in KEY_PARTS]
+        return out
+
+    def nbytes_by_part(self) -> dict:
+        """Bytes of the index's tensors by part: "passage_vectors", "sentence_vectors", "entity_vectors", "M", "C",
+        "N", "PS", "ner" (the NER record) and "keys" (the token keys). Tensors read from an index folder are mapped
+        from its file (safetensors): their bytes are on disk and become resident only where read.
+
+        Returns
+        -------
+        dict
+            Part name -> bytes.
+
+        Examples
+        --------
+        >>> parts = rag.index.nbytes_by_part()
+        >>> parts["passage_vectors"] == rag.index.passage_emb.numel() * rag.index.passage_emb.element_size()
+        True
+        """
+        def size(*ts):
+            return sum(t.numel() * t.element_size() for t in ts)
+
+        out = {f"{name[:-4]}_vectors": size(getattr(self, name)) for name in EMBEDDINGS}
+        out.update({name: size(*(getattr(getattr(self, name), f) for f in ("crow", "col", "val"))) for name in MATRICES})
+        out["ner"] = 0 if self.ner is None else size(*(getattr(getattr(self.ner, part), f) for part in NER_PARTS
+                                                       for f in ("crow", "col", "val")))
+        out["keys"] = 0 if self.keys is None else size(*(getattr(self.keys, part) for part in KEY_PARTS))
+        return out
+
     @staticmethod
     def load(path, device="cpu", verify: bool = True) -> "TriGraphIndex":
         """Load from a folder written by ``save``.

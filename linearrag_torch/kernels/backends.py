@@ -72,6 +72,17 @@ def numba_available() -> bool:
     return _imports("numba")
 
 
+def faiss_available() -> bool:
+    """Whether FAISS imports (pip install 'linearrag_torch[ann]': faiss-cpu), for the ANN stage (retrieval/ann.py).
+
+    Returns
+    -------
+    bool
+        True when faiss imports (cached).
+    """
+    return _imports("faiss")
+
+
 def kernels_setting() -> str:
     """The value of ``LINEARRAG_KERNELS`` (``auto`` when unset).
 

@@ -52,6 +52,7 @@ ADD_ROWS = 1 << 20  # vectors converted to float32 and added per call while buil
 
 _stages: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine graph -> {key: AnnIndex}
 _warned: "weakref.WeakSet" = weakref.WeakSet()
+_warned_auto: "weakref.WeakSet" = weakref.WeakSet()  # graphs told that ann auto found no FAISS
 
 
 def available() -> bool:
@@ -240,6 +241,26 @@ def _host32(x: torch.Tensor):
     return x.detach().to("cpu", torch.float32).contiguous().numpy()
 
 
+def ready(graph) -> bool:
+    """Whether ``ann: auto`` may take the ANN stage on ``graph``: FAISS imports and the graph is on the CPU."""
+    return graph.device.type == "cpu" and available()
+
+
+def for_graph(cfg: RetrievalConfig, graph) -> RetrievalConfig:
+    """``cfg.for_corpus`` for ``graph``'s index, its ``ann: auto`` taking the ANN stage where ``ready``. Where auto
+    would take it but FAISS is missing, a warning once per graph: every question then scans every vector."""
+    passages = graph.index.num_passages
+    got = cfg.for_corpus(passages, ann_ready=ready(graph))
+    if (cfg.ann == "auto" and got.ann == "exact" and graph.device.type == "cpu" and graph not in _warned_auto
+            and cfg.for_corpus(passages, ann_ready=True).ann != "exact"):
+        _warned_auto.add(graph)
+        warnings.warn(f"ann 'auto' at {passages:,} passages takes FAISS's ANN stage, and FAISS is not installed: every "
+                      "question scans every entity and passage vector instead (slower as the corpus grows); "
+                      "pip install 'linearrag_torch[ann]', or set ann 'exact' to choose this", RuntimeWarning,
+                      stacklevel=3)
+    return got
+
+
 def stage(graph, which: str, cfg: RetrievalConfig) -> AnnIndex | None:
     """The ANN index of ``graph``'s ``which`` vectors ("entity" or "passage") for ``cfg``, built (or read from
     cfg.ann_cache) on first use; None when cfg.ann is "exact" or the graph is not on the CPU (then with a
@@ -258,7 +279,7 @@ def stage(graph, which: str, cfg: RetrievalConfig) -> AnnIndex | None:
     -------
     AnnIndex or None
     """
-    if cfg.ann == "exact":
+    if cfg.ann in ("exact", "auto"):  # auto: not made concrete (RetrievalConfig.for_corpus), the exact product
         return None
     _faiss()  # asked for: a missing FAISS is an error, not a silent exact run
     if graph.device.type != "cpu":

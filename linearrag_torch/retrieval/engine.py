@@ -234,7 +234,7 @@ class DeviceGraph:
     def bytes_per_question(self, cfg: RetrievalConfig | None = None) -> int:
         """Working memory of one question of a batch, in bytes (an estimate with margin)."""
         P, E = self.passage_emb.shape[0], self.entity_emb.shape[0]
-        cfg = (cfg or RetrievalConfig()).for_corpus(P)
+        cfg = ann.for_graph(cfg or RetrievalConfig(), self)
         walk = self._ppr.get(cfg.adjacent_passages)
         rows = walk.to_entities.shape[0] if walk is not None else E
         if cfg.ppr_mode == "local" and cfg.use_ppr:
@@ -253,15 +253,61 @@ class DeviceGraph:
         return max(1, int(budget) // per_question)
 
     def nbytes(self) -> int:
-        """Bytes of the query tensors on the device (embeddings, sparse matrices, PPR operator)."""
-        tensors = [self.passage_emb, self.sentence_emb, self.entity_emb, self.M_crow, self.M_col, self.MT_crow,
-                   self.MT_col, self.N_logT.crow, self.N_logT.col, self.N_logT.val]
-        mats = list(self._torch_csr.values()) + [m for g in self._ppr.values()
-                                              for m in (g.to_passages, g.to_entities, g.between_passages) if m is not None]
-        n = sum(t.numel() * t.element_size() for t in tensors)
-        for m in mats:
-            n += sum(t.numel() * t.element_size() for t in (m.crow_indices(), m.col_indices(), m.values()))
-        return n
+        """Bytes of the query tensors this graph holds beyond the index's own (nbytes_by_part, summed)."""
+        return sum(self.nbytes_by_part().values())
+
+    def nbytes_by_part(self) -> dict:
+        """Bytes this graph holds beyond its index's tensors (TriGraphIndex.nbytes_by_part), by part, each storage
+        counted once: "vectors" (the passage, sentence and entity vectors where the graph made copies of them: float32
+        ones of a half index on a device without native half arithmetic, or another device's), "activation" (M and Mᵀ
+        as the activation reads them), "eq7" (ln(1 + N) by entity), "walk" (the exact PageRank's operators), "push"
+        (the local PageRank's graph and its kept workspace), "chain" (the chain's tables), "pairs" (the pair rerank's
+        tables) and "ann" (the FAISS indexes built for it, retrieval/ann.py)."""
+        seen = {_storage_key(t) for t in self.index.tensors()}
+        parts = {}
+
+        def add(part, *tensors):
+            n = 0
+            for t in tensors:
+                if t is None:
+                    continue
+                if t.layout == torch.sparse_csr:
+                    n += sum(_count_new(x, seen) for x in (t.crow_indices(), t.col_indices(), t.values()))
+                else:
+                    n += _count_new(t, seen)
+            parts[part] = parts.get(part, 0) + n
+
+        add("vectors", self.passage_emb, self.sentence_emb, self.entity_emb)
+        add("activation", self.M_crow, self.M_col, self.MT_crow, self.MT_col, *self._torch_csr.values())
+        add("eq7", self.N_logT.crow, self.N_logT.col, self.N_logT.val)
+        for g in self._ppr.values():
+            add("walk", *(getattr(g, f.name) for f in dataclasses.fields(g)
+                          if isinstance(getattr(g, f.name), torch.Tensor)))
+        for g in self._push.values():
+            add("push", g.crow, g.col, g.val, g.strength)
+            # the compiled push's per-thread arrays (kernels/push.py _scratch): numpy, kept between batches
+            parts["push"] += sum(a.nbytes for pair in g.workspace.get("push_scratch", ()) for a in pair)
+        if self._chain is not None:
+            add("chain", *(getattr(self._chain, f.name) for f in dataclasses.fields(self._chain)
+                           if isinstance(getattr(self._chain, f.name), torch.Tensor)))
+        if self._pair_C is not None:
+            add("pairs", *self._pair_C[:3], *self._pair_C[3].values())
+        parts["ann"] = sum(a.nbytes() for a in ann.built(self).values())
+        return parts
+
+
+def _storage_key(t: torch.Tensor):
+    """What identifies a tensor's memory: its storage's device and address."""
+    return (t.device, t.untyped_storage().data_ptr())
+
+
+def _count_new(t: torch.Tensor, seen: set) -> int:
+    """The bytes of ``t``'s storage if not ``seen`` yet (then marked seen), else 0."""
+    key = _storage_key(t)
+    if key in seen:
+        return 0
+    seen.add(key)
+    return t.untyped_storage().nbytes()
 
 
 def activate_pairs(graph: DeviceGraph, queries: EncodedQueries, cfg: RetrievalConfig):
@@ -364,7 +410,7 @@ def retrieve(graph: DeviceGraph, queries, cfg: RetrievalConfig, trace: bool | st
     """
     if trace not in (False, True, "steps"):
         raise ValueError(f"trace must be False, True or 'steps', got {trace!r}")
-    cfg = cfg.for_corpus(graph.index.num_passages)  # ppr_mode "auto": the walk for this index's size
+    cfg = ann.for_graph(cfg, graph)  # ppr_mode and ann "auto": the walk and the scans for this index's size
     steps = StepLog() if trace else None
     if trace is True and tracing.active() is None:  # the outermost call of a traced batch counts it
         with tracing.OpCounter() as counter:

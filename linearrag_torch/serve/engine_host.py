@@ -100,9 +100,14 @@ class LocalEngineHost(Lifespan):
         import torch
 
         rag = self.rag if self.ready else None
-        memory = {"rss_bytes": status_bytes("VmRSS")}
+        # RssFile: pages of mapped files (an index's tensors are mapped from its folder), which the kernel can drop
+        memory = {"rss_bytes": status_bytes("VmRSS"), "rss_anonymous_bytes": status_bytes("RssAnon"),
+                  "rss_file_bytes": status_bytes("RssFile")}
         if rag is not None:
-            memory["index_tensors_bytes"] = rag.graph.nbytes()
+            index_parts, graph_parts = rag.index.nbytes_by_part(), rag.graph.nbytes_by_part()
+            # the index's tensors (mapped where read from a folder) and what the engine made from them
+            memory["index_tensors_bytes"] = sum(index_parts.values()) + sum(graph_parts.values())
+            memory["index_bytes_by_part"], memory["engine_bytes_by_part"] = index_parts, graph_parts
             memory["memory_budget_bytes"] = rag.graph.memory_budget
             if rag.device.type == "cuda":
                 memory["cuda_allocated_bytes"] = torch.cuda.memory_allocated(rag.device)

@@ -42,6 +42,7 @@ def test_gpu_check_smoke_mode_on_cpu(tmp_path):
 def test_scaling_benchmark_writes_slopes_rows_and_plot(tmp_path):
     out = tmp_path / "scaling.json"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.scaling", "--sizes", "1000", "2000", "--batch", "1", "4",
+                           "--backends", "torch", "scipy", "--ppr-modes", "exact", "--real", "none", "--dim", "64",
                            "--scipy-questions", "2", "--min-questions", "2", "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -54,13 +55,47 @@ def test_scaling_benchmark_writes_slopes_rows_and_plot(tmp_path):
     assert len(res["rows"]) == 2 * 2 * 2 and all(keys <= set(r) for r in res["rows"])
     assert {r["backend"] for r in res["rows"]} == {"torch", "scipy"}
     assert out.with_suffix(".png").stat().st_size > 0
+    # bytes a passage by part: 64 float32 numbers a passage vector; the sum is the index's bytes
+    for size in res["sizes"]:
+        parts = size["index_bytes_per_passage_by_part"]
+        assert parts["passage_vectors"] == 64 * 4 and size["dim"] == 64 and size["embedding_dtype"] == "float32"
+        assert abs(sum(parts.values()) - size["index_bytes_per_passage"]) < 1.0
+        assert size["graph_bytes_per_passage_by_part"]["walk"] > 0 and size["graph_bytes_per_passage_by_part"]["vectors"] == 0
+        assert 0 < size["build_peak_anonymous_bytes"] <= size["build_peak_mem_bytes"]
+    assert all(r["peak_anonymous_bytes"] > 0 for r in torch_rows) and res["skipped_sizes"] == []
+
+
+def test_scaling_benchmark_defaults_are_the_real_size_and_skip_what_cannot_fit(tmp_path):
+    """The defaults: 384-d vectors in an index's dtype, the defaults' row; a size whose memory extrapolated from the
+    last one exceeds what is available is skipped and listed, not run into the out-of-memory killer."""
+    from benchmarks import scaling
+
+    args = scaling.parse_args(["--json", str(tmp_path / "x.json"), "--real", "none"])
+    assert args.dim == 384 and args.ppr_modes == ["defaults"] and args.backends == ["torch"]
+    assert args.embedding_dtype == "float32" and args.real is None
+    with pytest.raises(SystemExit):
+        scaling.parse_args(["--json", "x.json", "--real", str(tmp_path)])  # no corpus.jsonl there
+    sizes = {1000: {"passages": 1000, "peak_rss_per_passage": 50_000}}
+    ok, est, avail = scaling.fits(2000, sizes)
+    assert ok and est == 100_000_000
+    ok, est, avail = scaling.fits(10 ** 9, sizes)
+    assert not ok and est == 5 * 10 ** 13 and 0 < avail < est
+    out = tmp_path / "half.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.scaling", "--sizes", "1200", "--batch", "4", "--real", "none",
+                           "--embedding-dtype", "float16", "--min-questions", "4", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    size = res["sizes"][0]
+    assert size["index_bytes_per_passage_by_part"]["passage_vectors"] == 384 * 2
+    assert [r["backend"] for r in res["rows"]] == ["torch defaults"]
 
 
 def test_scaling_benchmark_runs_both_pagerank_modes_side_by_side(tmp_path):
     out = tmp_path / "scaling_local.json"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.scaling", "--sizes", "1500", "--batch", "4",
-                           "--backends", "torch", "--ppr-modes", "exact", "local", "defaults",
-                           "--reset-passages", "20", "--min-questions", "4", "--agreement-questions", "8",
+                           "--backends", "torch", "--ppr-modes", "exact", "local", "defaults", "--real", "none",
+                           "--dim", "64", "--reset-passages", "20", "--min-questions", "4", "--agreement-questions", "8",
                            "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -82,6 +117,7 @@ def test_scaling_benchmark_runs_the_ann_stage(tmp_path):
     out = tmp_path / "scaling_ann.json"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.scaling", "--sizes", "1500", "--batch", "4",
                            "--backends", "torch", "--ppr-modes", "local", "--ann", "ivf", "--reset-passages", "20",
+                           "--real", "none", "--dim", "64",
                            "--min-questions", "4", "--agreement-questions", "8", "--ann-cache", str(tmp_path / "ann"),
                            "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

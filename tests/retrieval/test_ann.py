@@ -192,3 +192,30 @@ def test_the_local_ann_round_sizes_its_chunks_without_the_corpus():
     assert small.bytes_per_question(local) == large.bytes_per_question(local)
     assert large.bytes_per_question(RetrievalConfig()) > small.bytes_per_question(RetrievalConfig())
     assert large.bytes_per_question(local) < large.bytes_per_question(local.replace(ann="exact"))
+
+
+def test_ann_auto_takes_the_ivf_stage_from_ppr_local_from_and_says_once_without_faiss(monkeypatch):
+    """The defaults (ann auto) at and above ppr_local_from answer as ann ivf asked for (the stage is built), below it
+    as the exact product (none built); where FAISS is missing they run the exact product with one warning."""
+    index = random_index(400, 500, dim=16, seed=6)
+    queries = random_queries(index, 6, seed=2)
+    base = RetrievalConfig(reset_passages=40, ann_lists=8, ann_probe=2)
+    graph = DeviceGraph(index)
+    small = retrieve(graph, queries, base.replace(ppr_local_from=401))
+    assert ann.built(graph) == {}
+    want = retrieve(graph, queries, base.replace(ppr_local_from=401, ann="exact"))
+    assert torch.equal(small.indices, want.indices) and torch.equal(small.scores, want.scores)
+    auto = base.replace(ppr_local_from=400)
+    got = retrieve(graph, queries, auto)
+    assert {key[:2] for key in ann.built(graph)} == {("entity", "ivf"), ("passage", "ivf")}
+    want = retrieve(DeviceGraph(index), queries, auto.replace(ppr_mode="local", ann="ivf"))
+    assert torch.equal(got.indices, want.indices) and torch.equal(got.scores, want.scores)
+
+    monkeypatch.setattr(ann, "available", lambda: False)
+    bare = DeviceGraph(index)
+    with pytest.warns(RuntimeWarning, match="FAISS is not installed") as caught:
+        got = retrieve(bare, queries, auto)
+        retrieve(bare, queries, auto)
+    assert len([w for w in caught if "FAISS" in str(w.message)]) == 1 and ann.built(bare) == {}
+    want = retrieve(bare, queries, auto.replace(ann="exact"))
+    assert torch.equal(got.indices, want.indices) and torch.equal(got.scores, want.scores)

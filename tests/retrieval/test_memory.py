@@ -35,3 +35,38 @@ print(kept - status_bytes("VmRSS"))
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.split()[-1]) > 200 << 20  # most of the 256 MiB went back
+
+
+def test_bytes_by_part_count_each_storage_once():
+    """TriGraphIndex.nbytes_by_part is the bytes of its tensors; DeviceGraph.nbytes_by_part adds only what the graph
+    made beyond them (float32 vectors on the CPU are the index's own: 0), each storage once, with the caches it
+    builds on first use (the push graph, the chain's tables) counted when there."""
+    import torch
+
+    from linearrag_torch.config import RetrievalConfig
+    from linearrag_torch.retrieval.engine import DeviceGraph, retrieve
+    from linearrag_torch.synthetic import random_index, random_queries
+
+    index = random_index(120, 200, dim=8, seed=3)
+    parts = index.nbytes_by_part()
+    assert parts["entity_vectors"] == index.num_entities * 8 * 4
+    assert parts["M"] == sum(t.numel() * t.element_size() for t in (index.M.crow, index.M.col, index.M.val))
+    assert sum(parts.values()) == sum(t.numel() * t.element_size() for t in index.tensors())
+    graph = DeviceGraph(index, "cpu")
+    got = graph.nbytes_by_part()
+    assert got["vectors"] == 0  # the index's float32 tensors, not copies
+    mt = index.M.transpose()
+    # M's arrays are the index's own; Mᵀ and ln(1 + N) by entity are the graph's
+    assert got["activation"] == sum(t.numel() * t.element_size() for t in (mt.crow, mt.col))
+    assert got["eq7"] == parts["N"] + (index.num_entities - index.num_passages) * 8
+    assert "push" not in got
+    retrieve(graph, random_queries(index, 3), RetrievalConfig(ppr_mode="local", reset_passages=30))
+    push = graph.push_graph(False)
+    assert graph.nbytes_by_part()["push"] >= sum(t.numel() * t.element_size() for t in (push.crow, push.col, push.val,
+                                                                                         push.strength))
+    assert graph.nbytes() == sum(graph.nbytes_by_part().values())
+    # a half index upcast for the product: the float32 copies are the graph's
+    half = index.with_embedding_dtype("float16")
+    vectors = sum(v for k, v in parts.items() if k.endswith("_vectors"))
+    assert DeviceGraph(half, "cpu", upcast=True).nbytes_by_part()["vectors"] == vectors
+    assert DeviceGraph(half, "cpu", upcast=False).nbytes_by_part()["vectors"] == 0

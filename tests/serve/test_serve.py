@@ -342,7 +342,12 @@ def test_info_and_metrics(small_rag):
         info = httpx.get(url + "/info").json()
         assert info["index"] == small_rag.index.summary()
         assert info["settings"]["top_k"] == small_rag.config.top_k and info["device"] == "cpu"
-        assert info["memory"]["rss_bytes"] > 0 and info["memory"]["index_tensors_bytes"] > 0
+        mem = info["memory"]
+        assert mem["rss_bytes"] > 0 and mem["rss_anonymous_bytes"] > 0 and mem["rss_file_bytes"] >= 0
+        assert mem["index_bytes_by_part"] == small_rag.index.nbytes_by_part()
+        assert mem["index_bytes_by_part"]["entity_vectors"] == small_rag.index.entity_emb.numel() * 4
+        assert mem["index_tensors_bytes"] == (sum(mem["index_bytes_by_part"].values())
+                                              + sum(mem["engine_bytes_by_part"].values()))
         assert info["server"]["max_batch_size"] == 64
         text = httpx.get(url + "/metrics").text
         for name in ("linearrag_request_duration_seconds_bucket", "linearrag_queue_wait_seconds_bucket",
