@@ -40,8 +40,9 @@ from linearrag_torch.retrieval import ann, scipy_backend  # noqa: E402
 from linearrag_torch.config import AUTO_RESET_PASSAGES, IndexConfig, RetrievalConfig  # noqa: E402
 from linearrag_torch.index.graph import EMBEDDING_TORCH_DTYPES  # noqa: E402
 from linearrag_torch.retrieval.engine import DeviceGraph, retrieve  # noqa: E402
-from linearrag_torch.retrieval.memory import status_bytes  # noqa: E402
-from linearrag_torch.synthetic import index_from_mentions, random_embeddings, random_mentions, random_queries
+from linearrag_torch.retrieval.memory import release_freed_memory, status_bytes  # noqa: E402
+from linearrag_torch.index import TriGraphIndex  # noqa: E402
+from linearrag_torch.synthetic import index_from_mentions, random_embeddings, random_mentions, random_queries, write_index
 
 DEFAULT_SIZES = (10_000, 30_000, 100_000, 300_000, 1_000_000)
 DEFAULT_BATCHES = (1, 64, 1024)
@@ -203,19 +204,38 @@ def prepare_walks(graph, cfgs: dict, passages: int) -> None:
 
 
 def build(passages: int, stats: dict, dim: int, device: torch.device, seed: int = 0,
-          dtype: str = "float32", cfgs: dict | None = None):
+          dtype: str = "float32", cfgs: dict | None = None, index_dir: Path | None = None):
     """A synthetic index of ``passages`` passages with ``dim``-dimensional vectors stored in ``dtype``; times the
     structure build (mentions -> device graph, with the PageRank structures ``cfgs`` use: prepare_walks) and reports
-    its memory: peak RSS of the whole build (vectors included), bytes a passage by part."""
+    its memory: peak RSS of the whole build (vectors included), bytes a passage by part.
+
+    ``index_dir``: the index is written to a folder there instead (synthetic.write_index: its vectors block by block,
+    never all in memory) and loaded back as a user loads a saved index (TriGraphIndex.load: its tensors mapped
+    from the file, the checksums verified); the times are then the write's and the load's."""
     cfgs = {} if cfgs is None else cfgs
     base = reset_peak_memory(torch.device("cpu"))
+    info = {}
     with MemorySampler() as mem:
         m = synthetic_mentions(passages, stats, seed)
-        emb = synthetic_embeddings(m, dim, seed, EMBEDDING_TORCH_DTYPES[dtype])
         t, tc = time.perf_counter(), time.process_time()
-        index = index_from_mentions(m, *emb)
-        if dtype != "float32":  # as a built index records it (IndexConfig.embedding_dtype)
-            index.index_config = dataclasses.replace(index.index_config, embedding_dtype=dtype)
+        if index_dir is not None:
+            folder = Path(index_dir) / f"synthetic-{passages}-{dim}-{dtype}-{seed}"
+            write_index(folder, m, dim, seed, EMBEDDING_TORCH_DTYPES[dtype])
+            del m
+            gc.collect()
+            release_freed_memory()  # the write's blocks, which keep_freed_memory would keep in the process
+            info["write_s"] = time.perf_counter() - t
+            t1 = time.perf_counter()
+            index = TriGraphIndex.load(folder)
+            info["load_s"] = time.perf_counter() - t1
+            info["index_dir"] = str(folder)
+            info["index_dir_bytes"] = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+        else:
+            emb = synthetic_embeddings(m, dim, seed, EMBEDDING_TORCH_DTYPES[dtype])
+            t, tc = time.perf_counter(), time.process_time()
+            index = index_from_mentions(m, *emb)
+            if dtype != "float32":  # as a built index records it (IndexConfig.embedding_dtype)
+                index.index_config = dataclasses.replace(index.index_config, embedding_dtype=dtype)
         structure_s = time.perf_counter() - t
         graph = DeviceGraph(index, device)
         prepare_walks(graph, cfgs, passages)
@@ -223,9 +243,10 @@ def build(passages: int, stats: dict, dim: int, device: torch.device, seed: int 
         build_s = time.perf_counter() - t
         build_cpu_s = time.process_time() - tc
     index_parts, graph_parts = index.nbytes_by_part(), graph.nbytes_by_part()
-    info = {
+    info.update({
         "passages": passages, "sentences": index.num_sentences, "entities": index.num_entities,
         "nnz_M": index.M.nnz, "nnz_C": index.C.nnz, "nnz_N": index.N.nnz, "dim": dim, "embedding_dtype": dtype,
+        "index_on_disk": index_dir is not None,
         "build_s": build_s, "build_cpu_s": build_cpu_s, "structure_s": structure_s,
         "device_graph_s": build_s - structure_s,
         "index_bytes": sum(index_parts.values()), "graph_bytes": sum(graph_parts.values()),
@@ -234,8 +255,10 @@ def build(passages: int, stats: dict, dim: int, device: torch.device, seed: int 
         "build_peak_mem_bytes": peak_memory(torch.device("cpu")), "build_rss_before_bytes": base,
         "build_peak_anonymous_bytes": mem.peak_anonymous, "build_peak_file_bytes": mem.peak_file,
         "after_build": rss_now(),
-    }
+    })
     info["index_bytes_per_passage"] = info["index_bytes"] / passages
+    if index_dir is not None:
+        return index, graph, info
     # the same build again in this process: without the page faults of the memory the process takes for
     # the first time (on our VM, first touch costs about 0.6 ns per byte, more than the work on it)
     del graph, index
@@ -257,13 +280,17 @@ def time_torch(graph, index, batch: int, cfg, device, min_questions: int, seed: 
     The engine runs a batch as independent chunks of graph.questions_per_chunk() questions; when a whole
     batch would take longer than ``max_call_s``, only some of its chunks are timed (at least 2, each a
     retrieve call on that chunk's questions) and the row says so ("chunks_timed" of "chunks")."""
-    retrieve(graph, random_queries(index, 2, seed=seed + 99), cfg)  # warm-up: first-call allocations
+    t = time.perf_counter()
+    # warm-up: first-call allocations, and what the engine builds on first use (the push graph, the ANN indexes)
+    retrieve(graph, random_queries(index, 2, seed=seed + 99), cfg)
+    first_call_s = time.perf_counter() - t
     chunk = graph.questions_per_chunk(None, cfg)
     meter = StepMeter(device)  # the PageRank steps of the timed calls: count, time, modeled traffic
     out = _time_torch_calls(graph, index, batch, cfg, device, min_questions, seed, max_call_s, chunk, meter)
     ppr_ms = meter.ms()
     questions = out["questions_timed"]
     out["stage_ms_per_question"] = {k: 1e3 * v / questions for k, v in meter.stage_s.items()}
+    out["first_call_s"] = first_call_s
     if meter.pushes:
         cols = sum(p.columns for p in meter.pushes)
         out["ppr_touched_per_question_round"] = sum(p.touched for p in meter.pushes) / cols
@@ -441,11 +468,15 @@ def top5_agreement(graph, index, cfgs: dict, questions: int, seed: int) -> dict:
 def run_size(passages, stats, args, device, log):
     cfgs = mode_configs(args)
     index, graph, info = build(passages, stats, args.dim, device, seed=args.seed, dtype=args.embedding_dtype,
-                               cfgs=cfgs if "torch" in args.backends else {})
+                               cfgs=cfgs if "torch" in args.backends else {}, index_dir=args.index_dir)
     if args.memory_budget:
         graph.memory_budget = args.memory_budget
     log(f"{passages:>9,} passages: {info['sentences']:,} sentences, {info['entities']:,} entities, "
-        f"build {info['build_s']:.2f} s ({info['build_cpu_s']:.2f} CPU s; again: {info['build_warm_s']:.2f} s), {info['index_bytes_per_passage']:.0f} B/passage")
+        f"build {info['build_s']:.2f} s ({info['build_cpu_s']:.2f} CPU s; "
+        + (f"again: {info['build_warm_s']:.2f} s" if "build_warm_s" in info else
+           f"written in {info['write_s']:.1f} s, loaded in {info['load_s']:.1f} s")
+        + f"), {info['index_bytes_per_passage']:.0f} B/passage, peak {info['build_peak_mem_bytes'] / 2**30:.2f} GiB "
+          f"({info['build_peak_anonymous_bytes'] / 2**30:.2f} anonymous)")
     rows = []
     common = {"passages": passages, "build_s": info["build_s"], "build_cpu_s": info["build_cpu_s"],
               "index_bytes": info["index_bytes"]}
@@ -637,6 +668,9 @@ def parse_args(argv=None):
     ap.add_argument("--dim", type=int, default=384,
                     help="embedding dimension of the synthetic corpora (384: all-MiniLM-L6-v2's, what `linearrag "
                          "index` builds)")
+    ap.add_argument("--index-dir", type=Path, default=None,
+                    help="write each size's index to a folder here (its vectors block by block) and query it loaded "
+                         "back, mapped from its files, as a saved index is (default: built and queried in memory)")
     ap.add_argument("--embedding-dtype", default=IndexConfig().embedding_dtype, choices=list(EMBEDDING_TORCH_DTYPES),
                     help="the dtype the index stores its vectors in (IndexConfig.embedding_dtype; default: an "
                          "index's default)")

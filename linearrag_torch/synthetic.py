@@ -164,7 +164,7 @@ def index_from_mentions(m: Mentions, passage_emb: torch.Tensor, sentence_emb: to
     # itself without a scan, as it does on a real index (chain.second_round_queries)
     keys = TokenKeys(torch.arange(P), torch.arange(S), torch.arange(E))
     return TriGraphIndex(
-        passage_ids=range(P), titles=[""] * P, texts=[""] * P, sentences=[""] * S, entities=[""] * E,
+        passage_ids=list(range(P)), titles=[""] * P, texts=[""] * P, sentences=[""] * S, entities=[""] * E,
         passage_emb=passage_emb, sentence_emb=sentence_emb, entity_emb=entity_emb, M=M, C=C, N=N, PS=PS, keys=keys,
     )
 
@@ -173,9 +173,41 @@ def random_embeddings(rows: int, dim: int, seed: int = 0, chunk: int = 1 << 18,
                       dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """[rows, dim] random unit vectors (computed in float32, stored in ``dtype``), generated ``chunk`` rows at a
     time (little peak memory)."""
-    gen = torch.Generator().manual_seed(seed)
     out = torch.empty(rows, dim, dtype=dtype)
+    i = 0
+    for block in random_embedding_blocks(rows, dim, seed, chunk, dtype):
+        out[i:i + block.shape[0]] = block
+        i += block.shape[0]
+    return out
+
+
+def random_embedding_blocks(rows: int, dim: int, seed: int = 0, chunk: int = 1 << 18,
+                            dtype: torch.dtype = torch.float32):
+    """random_embeddings' rows, ``chunk`` at a time (a generator: the same values, never all in memory)."""
+    gen = torch.Generator().manual_seed(seed)
     for i in range(0, rows, chunk):
         x = torch.randn(min(chunk, rows - i), dim, generator=gen)
-        out[i:i + x.shape[0]] = x / x.norm(dim=1, keepdim=True).clamp(min=1e-12)
-    return out
+        yield (x / x.norm(dim=1, keepdim=True).clamp(min=1e-12)).to(dtype)
+
+
+def write_index(folder, m: Mentions, dim: int, seed: int = 0, dtype: torch.dtype = torch.float32,
+                chunk: int = 1 << 18) -> TriGraphIndex:
+    """index_from_mentions(m, ...) with random unit vectors (random_embeddings of seeds seed + 1, + 2, + 3 for the
+    passages, sentences and entities, as benchmarks.common.synthetic_embeddings draws them) saved to ``folder``,
+    the vectors written ``chunk`` rows at a time as they are drawn: the same files as building it in memory and
+    saving it, without its vectors ever in memory (what a synthetic corpus of millions of passages needs). Returns
+    the index with placeholder vectors (rows of zeros that take no memory): load the folder to query it."""
+    from .index.storage import RowBlocks
+
+    counts = (m.passages, m.sentences, m.entities)
+    placeholders = [torch.zeros(1, dim, dtype=dtype).expand(n, dim) for n in counts]
+    index = index_from_mentions(m, *placeholders)
+    if dtype != torch.float32:
+        import dataclasses
+
+        name = {torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
+        index.index_config = dataclasses.replace(index.index_config, embedding_dtype=name)
+    vectors = {name: RowBlocks((n, dim), dtype, lambda n=n, i=i: random_embedding_blocks(n, dim, seed + i + 1, chunk, dtype))
+               for i, (name, n) in enumerate(zip(("passage_emb", "sentence_emb", "entity_emb"), counts))}
+    index.save(folder, vectors=vectors)
+    return index

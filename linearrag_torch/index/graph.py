@@ -268,13 +268,17 @@ class TriGraphIndex:
                 )
 
     # ---------------------------------------------------------------- persistence
-    def save(self, path) -> Path:
+    def save(self, path, vectors: dict | None = None) -> Path:
         """Write atomically to a folder (created if needed) while holding its write lock.
 
         Parameters
         ----------
         path : str or os.PathLike
             The folder. IndexLockedError if another process holds its lock.
+        vectors : dict, optional
+            Vectors written in place of the index's own ("passage_emb", "sentence_emb", "entity_emb" ->
+            storage.RowBlocks of the same shape and dtype, written block by block: a build too large to hold its
+            vectors in memory; synthetic.write_index).
 
         Returns
         -------
@@ -285,18 +289,30 @@ class TriGraphIndex:
         path = Path(path)
         storage.make_dirs(path)
         with index_lock(path):
-            storage.write(path, *self.to_files())
+            storage.write(path, *self.to_files(vectors))
         return path
 
-    def to_files(self):
+    def to_files(self, vectors: dict | None = None):
         """What storage.write stores.
+
+        Parameters
+        ----------
+        vectors : dict, optional
+            As for ``save``.
 
         Returns
         -------
         tuple
-            (tensors: name -> CPU tensor, strings: name -> list of str, index.json's fields).
+            (tensors: name -> CPU tensor (or storage.RowBlocks), strings: name -> list of str, index.json's fields).
         """
-        tensors = {name: getattr(self, name).contiguous().cpu() for name in EMBEDDINGS}
+        vectors = vectors or {}
+        for name, blocks in vectors.items():
+            own = getattr(self, name) if name in EMBEDDINGS else None
+            if own is None or tuple(blocks.shape) != tuple(own.shape) or blocks.dtype != own.dtype:
+                raise ValueError(f"vectors[{name!r}]: {blocks.dtype} {tuple(blocks.shape)} in place of "
+                                 f"{None if own is None else (own.dtype, tuple(own.shape))}")
+        tensors = {name: vectors[name] if name in vectors else getattr(self, name).contiguous().cpu()
+                   for name in EMBEDDINGS}
         mats = {name: getattr(self, name) for name in MATRICES}
         if self.ner is not None:
             mats.update({f"ner_{part}": getattr(self.ner, part) for part in NER_PARTS})

@@ -95,9 +95,80 @@ def write(path: Path, tensors: dict, strings: dict, fields: dict) -> None:
     step("end")
 
 
+@dataclass
+class RowBlocks:
+    """A tensor written block by block (``write`` streams it: it never stands whole in memory): ``shape`` and
+    ``dtype`` of the whole, and ``blocks()``, an iterable of its consecutive row blocks (tensors of that dtype whose
+    rows add up to shape[0]). What the synthetic build at ten million passages writes its vectors as."""
+
+    shape: tuple
+    dtype: object
+    blocks: object  # () -> iterable of torch.Tensor
+
+
+# safetensors' dtype names, in the order of its Dtype enum: save_file lays tensors out by that order, descending,
+# then by name (what _write_streaming reproduces, so that both write the same bytes: tests/index/test_storage.py)
+_ST_DTYPES = ("BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64", "U64")
+
+
+def _st_dtype(dtype) -> str:
+    import torch
+
+    names = {torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16", torch.float16: "F16",
+             torch.bfloat16: "BF16", torch.int32: "I32", torch.float32: "F32", torch.float64: "F64",
+             torch.int64: "I64"}
+    if dtype not in names:
+        raise TypeError(f"no safetensors name for {dtype}")
+    return names[dtype]
+
+
+def _write_streaming(tensors: dict, file: Path) -> None:
+    """The safetensors file of ``tensors`` (name -> CPU tensor or RowBlocks) as save_file lays it out: an 8-byte
+    little-endian header length, the JSON header padded with spaces to a multiple of 8, then each tensor's bytes in
+    the header's order; a RowBlocks' blocks are written as they come (each checked against the declared size)."""
+    import torch
+
+    items = []
+    for name, t in tensors.items():
+        shape = tuple(int(n) for n in t.shape)
+        dt = _st_dtype(t.dtype)
+        itemsize = torch.empty((), dtype=t.dtype).element_size()
+        items.append((name, t, shape, dt, itemsize * int(torch.Size(shape).numel())))
+    items.sort(key=lambda it: (-_ST_DTYPES.index(it[3]), it[0]))
+    header, at = {}, 0
+    for name, _, shape, dt, nbytes in items:
+        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [at, at + nbytes]}
+        at += nbytes
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    tmp = file.with_name(file.name + ".part")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(len(head).to_bytes(8, "little"))
+            fh.write(head)
+            for name, t, shape, dt, nbytes in items:
+                done = 0
+                for block in ([t] if isinstance(t, torch.Tensor) else t.blocks()):
+                    block = block.detach().to("cpu").contiguous()
+                    if block.dtype != t.dtype or tuple(block.shape[1:]) != shape[1:]:
+                        raise ValueError(f"{name}: a block of {block.dtype} {tuple(block.shape)} in a {dt} {shape}")
+                    data = block.view(torch.uint8).numpy() if block.numel() else b""
+                    fh.write(data)
+                    done += block.numel() * block.element_size()
+                if done != nbytes:
+                    raise ValueError(f"{name}: its blocks hold {done} bytes, its shape {shape} {nbytes}")
+        os.replace(tmp, file)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def _save_tensors(tensors: dict, file: Path) -> None:
-    """safetensors' save_file, whose I/O errors (a full disk, say) become the OSError they are: safetensors
+    """safetensors' save_file (or, where a value is RowBlocks, the same layout written block by block: never the
+    whole tensor in memory), whose I/O errors (a full disk, say) become the OSError they are: safetensors
     raises them as SafetensorError("... No space left on device (os error 28)"), which is no OSError."""
+    if any(isinstance(t, RowBlocks) for t in tensors.values()):
+        _write_streaming(tensors, file)
+        return
     try:
         save_file(tensors, str(file))
     except SafetensorError as exc:

@@ -211,3 +211,20 @@ def test_a_result_names_the_cpu_and_its_kernels_capped_or_not():
     assert capped["cpu"] == records[None]["cpu"] and capped["cpu"]
     assert capped["torch_cpu_capability"] == "AVX2" and capped["native_bf16"] is False
     assert capped["description"].endswith("no native bf16 kernels")
+
+
+def test_scaling_benchmark_queries_an_index_written_to_disk(tmp_path):
+    """--index-dir: each size written block by block and queried loaded back (mapped), as a saved index is: the folder
+    is a loadable index of that size, and the run reports the write, the load and the folder's bytes."""
+    from linearrag_torch.index import TriGraphIndex
+
+    out = tmp_path / "disk.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.scaling", "--sizes", "1500", "--batch", "4", "--real", "none",
+                           "--dim", "32", "--index-dir", str(tmp_path / "idx"), "--min-questions", "4",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    size = json.loads(out.read_text())["sizes"][0]
+    assert size["index_on_disk"] and size["write_s"] > 0 and size["load_s"] > 0 and "build_warm_s" not in size
+    index = TriGraphIndex.load(size["index_dir"])
+    assert index.num_passages == 1500 and index.dim == 32 and index.num_entities == size["entities"]
+    assert size["index_dir_bytes"] > index.num_entities * 32 * 4
