@@ -37,7 +37,7 @@ CHOSEN_QUESTIONS = (0, 5, 7, 10, 17, 26)
 SLOW_MODULES = {
     "test_ray_build.py", "test_ray_serve.py", "test_sharded.py", "test_ner_pool.py", "test_onnx_encoder.py",
     "test_fuzz.py", "test_benchmark_scripts.py", "test_benchmark_qa.py", "test_quality_benchmark.py",
-    "test_rerank_headroom.py",
+    "test_rerank_headroom.py", "test_page.py",
 }
 
 
