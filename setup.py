@@ -2,8 +2,10 @@ from setuptools import find_packages, setup
 
 EXTRAS = {
     # matplotlib: the benchmark scripts are tested too; schemathesis: the server's OpenAPI contract
-    # (tests/serve/test_openapi_contract.py, which also needs the serve extra and skips without it)
-    "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.7", "schemathesis>=4"],
+    # (tests/serve/test_openapi_contract.py, which also needs the serve extra and skips without it);
+    # selenium: the page at / in a real browser (tests/serve/test_page.py; Debian's chromium and chromium-driver,
+    # which .ci/run installs: Selenium Manager never downloads one, the test names the driver's path)
+    "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.7", "schemathesis>=4", "selenium>=4.10"],
     # `linearrag serve`: ASGI app, server, metrics; httpx is the HTTP client of the tests, benchmarks and adapters
     # fastapi-offline: the /docs page's scripts and styles, served by the server itself (no CDN); httptools and
     # uvloop: uvicorn's C parser and event loop (its "auto" takes them when installed, else h11 and asyncio's loop in
@@ -47,7 +49,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["linearrag_torch", "linearrag_torch.*"]),
-    package_data={"linearrag_torch": ["data/*.jsonl", "data/*.md", "data/reranker/*"]},
+    package_data={"linearrag_torch": ["data/*.jsonl", "data/*.md", "data/reranker/*", "serve/page/*"]},
     install_requires=[
         # Install your torch build first (CPU or CUDA); any 2.x from 2.2 on works.
         "torch>=2.2,<3",

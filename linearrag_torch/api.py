@@ -16,7 +16,7 @@ from .index import TriGraphIndex
 from .models.holder import QuestionModels
 from .queries import EncodedQueries, Retrieved
 from .retrieval import engine, scipy_backend
-from .retrieval.explain import explanations
+from .retrieval.explain import Paths, explanations
 from .retrieval.pipeline import QuestionPipeline
 from .runtime.tracing import stage
 
@@ -579,7 +579,8 @@ class LinearRAG:
             score, reranker logit and graph score and rank (else None); "found", per hit the round that found it
             with its rank and score there; "hits" [(Hit, [(entity, tier, activation)])], the first round's
             activated entities found in each hit passage (tier >= 2: reached by semantic bridging); "bridges",
-            per hit the chain seeds [(entity, score)] its passage contains: how a later round reached it.
+            per hit the chain seeds [(entity, score)] its passage contains: how a later round reached it; "paths",
+            per hit its paths from the seeds through sentences and entities, scored (retrieval/explain.Paths).
 
         Examples
         --------
@@ -594,7 +595,6 @@ class LinearRAG:
         cfg = self.config.replace(top_k=top_k, **overrides)
         enc = self.encode_queries(list(questions), cfg)
         out, tr = engine.retrieve(self.graph, enc, cfg, trace=True)
-        C = self.index.C
-        return explanations(list(questions), enc, self.hits(out), tr, self.index.entities,
-                            lambda row: set(C.col[C.crow[row]:C.crow[row + 1]].tolist()),
-                            lambda row: self.index.passage_ids[row])
+        paths = Paths(self.index, enc.query_emb, cfg.chain_passages)
+        return explanations(list(questions), enc, self.hits(out), tr, self.index.entities, paths.passage_entities,
+                            lambda row: self.index.passage_ids[row], paths)

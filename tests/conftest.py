@@ -37,7 +37,7 @@ CHOSEN_QUESTIONS = (0, 5, 7, 10, 17, 26)
 SLOW_MODULES = {
     "test_ray_build.py", "test_ray_serve.py", "test_sharded.py", "test_ner_pool.py", "test_onnx_encoder.py",
     "test_fuzz.py", "test_benchmark_scripts.py", "test_benchmark_qa.py", "test_quality_benchmark.py",
-    "test_rerank_headroom.py",
+    "test_rerank_headroom.py", "test_page.py",
 }
 
 
@@ -264,3 +264,10 @@ def assert_close(got, want, where: str = "", rel: float = 1e-5, abs_: float = 1e
             assert_close(g, w, f"{where}[{i}]", rel, abs_)
     else:
         assert got == want, f"{where}: {got!r} != {want!r}"
+
+
+def without_paths(explanations: list) -> list:
+    """Explanations less each hit's "paths", which a sharded engine does not draw (it holds no whole index to read
+    the sentences from: retrieval/explain.Paths)."""
+    assert all("paths" in e for e in explanations)
+    return [{k: v for k, v in e.items() if k != "paths"} for e in explanations]

@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 import time
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -51,6 +52,7 @@ def create_app(service: LinearRAGService | HTTPFront, early_admission: bool = Tr
                   **({"docs_url": None, "redoc_url": None} if local_docs else {}))
     if local_docs:
         add_doc_pages(app)
+    add_page(app)
     app.include_router(service.router)
     if early_admission:
         app.add_middleware(EarlyAdmission, front=getattr(service, "front", service))
@@ -64,8 +66,6 @@ def add_doc_pages(app: FastAPI) -> None:
     """/docs (Swagger UI) and /redoc with their scripts and styles served by this server from the copies that the
     fastapi-offline package ships (extra [serve]), so that the pages work without internet access; FastAPI's own
     pages load them from a CDN."""
-    from pathlib import Path
-
     import fastapi_offline
     from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
     from fastapi.responses import HTMLResponse
@@ -92,6 +92,23 @@ def add_doc_pages(app: FastAPI) -> None:
         return get_redoc_html(openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} - ReDoc",
                               redoc_js_url=f"{root}{DOC_ASSETS}/redoc.standalone.js",
                               redoc_favicon_url=f"{root}{DOC_ASSETS}/favicon.png", with_google_fonts=False)
+
+
+PAGE_DIR = Path(__file__).parent / "page"  # index.html, page.js, page.css: shipped in the package (setup.py)
+
+
+def add_page(app: FastAPI) -> None:
+    """The page at / (docs/serving.md, "The page"): a question's hits and the paths that reached them, drawn from
+    the explain route's answer by page/page.js; its files under /page/. Static and public like /health: it holds
+    no data, and what it asks of the API carries the key typed into it."""
+    from fastapi.responses import FileResponse
+    from fastapi.staticfiles import StaticFiles
+
+    app.mount("/page", StaticFiles(directory=PAGE_DIR), name="page")
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(PAGE_DIR / "index.html", media_type="text/html")
 
 
 def _server_class():
@@ -177,4 +194,4 @@ def run_server(app, service, settings: ServeSettings, failure: str) -> int:
     return 0
 
 
-__all__ = ["create_app", "serve"]
+__all__ = ["add_page", "create_app", "serve"]

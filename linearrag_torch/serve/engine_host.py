@@ -81,6 +81,16 @@ class LocalEngineHost(Lifespan):
         """Hits for each (question, top_k) with the retrieval settings ``key``, through the batcher."""
         return await self.batcher.submit(key, items)
 
+    async def explain(self, key: tuple, questions: list, top_k: int) -> list:
+        """LinearRAG.explain of ``questions`` with the retrieval settings ``key``, as JSON (schemas.explanation_json),
+        on the engine thread between two batches (a traced call of its own: it rides in no batch)."""
+        return await self.batcher.call(self._explain, key, questions, top_k)
+
+    def _explain(self, key: tuple, questions: list, top_k: int) -> list:
+        from .schemas import explanation_json
+
+        return [explanation_json(e) for e in self.rag.explain(list(questions), top_k, **self._overrides(key))]
+
     def question_cost(self, key: tuple, item) -> float:
         """Work units of one (question, top_k) with the retrieval settings ``key`` (serve/admission.py): with
         rerank, over the pairs the reranker will read, the settings taken as the engine takes them (_run_batch)."""

@@ -2,8 +2,9 @@
 APIRouter, and the metrics of requests. It answers searches through an engine host (serve/engine_host.py:
 LocalEngineHost in this process, or ray_app.RayEngineHost in front of Ray Serve replicas).
 
-Routes (relative to the router's prefix): POST /v1/search, POST /v1/answer (only with a chat model), GET /health,
-GET /info, GET /metrics, POST /admin/reload. Every route but /health needs 'Authorization: Bearer KEY' when
+Routes (relative to the router's prefix): POST /v1/search, POST /v1/explain (the search with how each hit was
+reached; an engine host in this process), POST /v1/answer (only with a chat model), GET /health, GET /info,
+GET /metrics, POST /admin/reload; and GET / (the page, serve/page.py). Every route but /health needs 'Authorization: Bearer KEY' when
 settings.api_key is set.
 """
 from __future__ import annotations
@@ -50,11 +51,12 @@ class Overloaded(HTTPError):
 
 REQUEST_ID_HEADER = schemas.REQUEST_ID_HEADER.lower()  # X-Request-ID: the client's (printable, <= 64 chars) or new
 DEADLINE_HEADER = schemas.DEADLINE_HEADER.lower()  # X-Request-Timeout: seconds the client waits for its answer
-SEARCH_ROUTES = ("/v1/search", "/v1/answer")
+SEARCH_ROUTES = ("/v1/search", "/v1/explain", "/v1/answer")
 # a server without a chat model does not offer /v1/answer (absent from its OpenAPI document): a POST there is a
 # 404 that says why, not a 5xx that clients would retry
 NO_CHAT_MODEL = ("this server has no chat model, so no /v1/answer: start it with --llm-base-url and --llm-model "
                  "(or LINEARRAG_LLM_BASE_URL / LINEARRAG_LLM_MODEL)")
+NO_EXPLAIN = "this server's engine host cannot explain its hits (Ray Serve replicas): use /v1/search"
 _ADMITTED = "linearrag.admitted"  # scope["state"] key: the request's place, taken by EarlyAdmission
 _REQUEST_ID = "linearrag.request_id"
 
@@ -164,6 +166,19 @@ class HTTPFront:
         questions, hits = await self._admitted(self._hits, req, place, rid)
         return {"results": [
             {"question": q, "hits": [hit_dict(h, req.include_text) for h in hs]} for q, hs in zip(questions, hits)]}
+
+    async def explain(self, body: dict, place: Place | None = None, rid: str | None = None) -> dict:
+        """/v1/explain: the /v1/search body; per question its hits with how each was reached (LinearRAG.explain as
+        JSON, schemas.explanation_json), run with the request's retrieval settings on the engine thread."""
+        req = self._validate(body)
+        if not hasattr(self.host, "explain"):
+            raise HTTPError(404, NO_EXPLAIN, "no_explain")
+
+        async def work(r, deadline):
+            top_k = r.top_k or self.host.default_top_k
+            return await asyncio.wait_for(self.host.explain(self.batch_key(r), self._questions(r), top_k), deadline)
+
+        return {"results": await self._admitted(work, req, place, rid)}
 
     async def answer(self, body: dict, place: Place | None = None, rid: str | None = None) -> dict:
         """/v1/answer: the /v1/search body; the questions' hits (batched as for search) go to the chat model."""
@@ -387,6 +402,13 @@ class HTTPFront:
                      responses=schemas.responses("search", s), **described, **secured)
         async def search(request: Request):
             return await guarded("/v1/search", request, lambda: admitted(request, svc.search))
+
+        @router.post("/v1/explain", response_model=dict[str, Any], summary="The search, each hit with how it was "
+                     "reached: seeds, sentences, entities, chain rounds (what the page at / draws)",
+                     responses=schemas.responses("search", s), include_in_schema=hasattr(self.host, "explain"),
+                     **described, **secured)
+        async def explain(request: Request):
+            return await guarded("/v1/explain", request, lambda: admitted(request, svc.explain))
 
         if self.llm is not None:
             @router.post("/v1/answer", response_model=AnswerResponse,

@@ -268,3 +268,23 @@ def hit_dict(h, include_text: bool) -> dict:
     if include_text:
         d["text"] = h.text
     return d
+
+
+def explanation_json(e: dict) -> dict:
+    """One of LinearRAG.explain's dicts as JSON: each hit as {id, score, title, text, entities}."""
+    def plain(x):
+        if isinstance(x, dict):
+            return {str(k): plain(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [plain(v) for v in x]
+        if isinstance(x, (str, int, float, bool)) or x is None:
+            return x
+        if hasattr(x, "id") and hasattr(x, "score"):
+            return hit_dict(x, True)
+        if hasattr(x, "item"):
+            return x.item()
+        return str(x)
+
+    out = {k: plain(v) for k, v in e.items() if k != "hits"}
+    out["hits"] = [{**hit_dict(h, True), "entities": plain(ents)} for h, ents in e.get("hits", [])]
+    return out

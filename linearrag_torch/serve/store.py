@@ -99,6 +99,11 @@ class IndexHost(LocalEngineHost):
             return [[] for _ in items]
         return await self.batcher.submit((self.name, key), items)
 
+    async def explain(self, key: tuple, questions: list, top_k: int) -> list:
+        if self.rag.index.num_passages == 0:
+            return [{"question": q, "hits": []} for q in questions]
+        return await self.batcher.call_for((self.name,), self._explain, key, questions, top_k)
+
     async def start(self) -> None:  # the store starts and stops the shared pieces
         pass
 
@@ -445,14 +450,10 @@ class Store(Lifespan):
             return {"name": host.name, "status": "dropped"}
 
     # ------------------------------------------------------------------ read side
-    async def explain(self, host: IndexHost, questions: list, top_k: int) -> list:
-        """LinearRAG.explain for ``questions`` on the engine thread, as JSON."""
-        front = self.ready_front(host)
-        front._check_ready()
-        if host.rag.index.num_passages == 0:
-            return [{"question": q, "hits": []} for q in questions]
-        out = await self.batcher.call_for((host.name,), host.rag.explain, list(questions), top_k)
-        return [explanation_json(e) for e in out]
+    async def explain(self, host: IndexHost, questions: list, top_k: int, key: tuple = ()) -> list:
+        """LinearRAG.explain for ``questions`` on the engine thread, as JSON (IndexHost.explain)."""
+        self.ready_front(host)._check_ready()
+        return await host.explain(key, list(questions), top_k)
 
     def info(self, principal: Principal) -> dict:
         from .. import __version__
@@ -487,28 +488,6 @@ def _prepared(rag, index):
 def unauthorized() -> HTTPError:
     return HTTPError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')", "unauthorized",
                      {"WWW-Authenticate": "Bearer"})
-
-
-def explanation_json(e: dict) -> dict:
-    """One of LinearRAG.explain's dicts as JSON: each hit as {id, score, title, text, entities}."""
-    from .schemas import hit_dict
-
-    def plain(x):
-        if isinstance(x, dict):
-            return {str(k): plain(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [plain(v) for v in x]
-        if isinstance(x, (str, int, float, bool)) or x is None:
-            return x
-        if hasattr(x, "id") and hasattr(x, "score"):
-            return hit_dict(x, True)
-        if hasattr(x, "item"):
-            return x.item()
-        return str(x)
-
-    out = {k: plain(v) for k, v in e.items() if k != "hits"}
-    out["hits"] = [{**hit_dict(h, True), "entities": plain(ents)} for h, ents in e.get("hits", [])]
-    return out
 
 
 def merged_exposition(parts) -> bytes:

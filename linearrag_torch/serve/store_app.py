@@ -11,7 +11,7 @@
     POST   /v1/indexes/{name}/load | /unload    serve an unloaded index again / stop serving it (admin)
     DELETE /v1/indexes/{name}                   unload and delete an index of the store's folder (admin)
     GET    /health, /info, /metrics             the server's; /info and /metrics only of the indexes the key sees
-    POST   /v1/search, /v1/answer, /admin/reload   with one index: today's single-index routes, on it
+    POST   /v1/search, /v1/explain, /v1/answer, /admin/reload   with one index: the single-index routes, on it
     /mcp/                                       the MCP endpoint (streamable HTTP; serve/mcp_tools.py)
 
 Statuses: 401 without a known key, 404 for an index that does not exist or that the key may not see (the same
@@ -21,7 +21,6 @@ the index's admission.
 """
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import logging
 import re
@@ -163,16 +162,8 @@ def store_router(store: Store) -> APIRouter:
                  responses=_responses(s, keyed, *read_codes, retry=True), **secured)
     async def explain(name: str, request: Request):
         async def work():
-            host, front = reading(request, name)
-
-            async def run(body, place, rid):
-                req = front._validate(body)
-                top_k = req.top_k or host.default_top_k
-
-                async def explained(r, deadline):
-                    return await asyncio.wait_for(store.explain(host, front._questions(r), top_k), deadline)
-                return {"results": await front._admitted(explained, req, place, rid)}
-            return await admitted(front, request, run)
+            _, front = reading(request, name)
+            return await admitted(front, request, front.explain)
         return await guarded("/v1/indexes/{name}/explain", request, work)
 
     if store.llm is not None:
@@ -283,6 +274,16 @@ def store_router(store: Store) -> APIRouter:
                 return await admitted(front, request, front.search)
             return await guarded("/v1/search", request, work)
 
+        @router.post("/v1/explain", response_model=dict[str, Any], summary="The search, each hit with how it was "
+                     "reached (the single-index form of /v1/indexes/{name}/explain)",
+                     description=schemas.search_description(s), openapi_extra=search_body,
+                     responses=_responses(s, keyed, *read_codes, retry=True), **secured)
+        async def single_explain(request: Request):
+            async def work():
+                _, front = reading(request, single)
+                return await admitted(front, request, front.explain)
+            return await guarded("/v1/explain", request, work)
+
         if store.llm is not None:
             @router.post("/v1/answer", response_model=AnswerResponse, summary="An answer from the chat model (the "
                          "single-index form of /v1/indexes/{name}/answer)", description=schemas.search_description(s),
@@ -323,7 +324,7 @@ class StoreAdmission:
         m = INDEX_ROUTE.match(path)
         if m is not None:
             name, what = m.group(1), m.group(2)
-        elif path in ("/v1/search", "/v1/answer") and self.single is not None:
+        elif path in ("/v1/search", "/v1/explain", "/v1/answer") and self.single is not None:
             name, what = self.single, path.rsplit("/", 1)[1]
         else:
             return await self.app(scope, receive, send)
@@ -386,7 +387,7 @@ def create_store_app(store: Store, early_admission: bool = True, mcp: bool | Non
     ``mcp``: mount the MCP endpoint at /mcp/ (default: settings.mcp, when the mcp package is installed)."""
     from contextlib import asynccontextmanager
 
-    from .app import add_doc_pages
+    from .app import add_doc_pages, add_page
 
     use_mcp = store.settings.mcp if mcp is None else mcp
     use_mcp = use_mcp and importlib.util.find_spec("mcp") is not None
@@ -414,6 +415,7 @@ def create_store_app(store: Store, early_admission: bool = True, mcp: bool | Non
                   **({"docs_url": None, "redoc_url": None} if local_docs else {}))
     if local_docs:
         add_doc_pages(app)
+    add_page(app)
     router = store_router(store)
     app.include_router(router)
     if mcp_server is not None:

@@ -308,8 +308,8 @@ def test_api_key_guards_every_route_but_health(small_rag):
     with serving(small_rag, api_key="s3cret") as (url, _):
         good = {"Authorization": "Bearer s3cret"}
         assert httpx.get(url + "/health").status_code == 200
-        for method, path in [("post", "/v1/search"), ("get", "/info"), ("get", "/metrics"), ("get", "/docs"),
-                             ("get", "/openapi.json"), ("post", "/admin/reload")]:
+        for method, path in [("post", "/v1/search"), ("post", "/v1/explain"), ("get", "/info"), ("get", "/metrics"),
+                             ("get", "/docs"), ("get", "/openapi.json"), ("post", "/admin/reload")]:
             for headers in (None, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
                 r = httpx.request(method, url + path, headers=headers, json={"question": "q"}, timeout=TIMEOUT)
                 assert r.status_code == 401, (path, headers, r.status_code)
@@ -317,6 +317,33 @@ def test_api_key_guards_every_route_but_health(small_rag):
         assert r.status_code == 200
         assert httpx.get(url + "/info", headers=good).json()["server"]["api_key"] == "set"  # never the key itself
         assert httpx.get(url + "/openapi.json", headers=good).status_code == 200
+        # the page and its files hold no data: served without a key (what the page asks for carries the key)
+        for path, kind in (("/", "text/html"), ("/page/page.js", "javascript"), ("/page/page.css", "text/css")):
+            r = httpx.get(url + path)
+            assert r.status_code == 200 and kind in r.headers["content-type"], (path, r.headers)
+
+
+def test_explain_route_equals_rag_explain_with_the_requests_settings(small_rag, small_questions):
+    """POST /v1/explain: LinearRAG.explain as JSON, with the request's top_k and retrieval settings (what the page
+    at / draws); each hit's paths end in the passage's entities."""
+    qs = [q["question"] for q in small_questions[:2]]
+    with serving(small_rag) as (url, _):
+        for body, kw in (({"questions": qs}, {}), ({"questions": qs, "top_k": 3, "mode": "paper", "delta": 0.3},
+                                                   {"mode": "paper", "delta": 0.3})):
+            r = httpx.post(url + "/v1/explain", json=body, timeout=TIMEOUT)
+            assert r.status_code == 200, r.text
+            want = small_rag.explain(qs, top_k=body.get("top_k", 5), **kw)
+            for got, ex in zip(r.json()["results"], want):
+                assert [(h["id"], h["title"]) for h in got["hits"]] == [(h.id, h.title) for h, _ in ex["hits"]]
+                assert [h["score"] for h in got["hits"]] == pytest.approx([h.score for h, _ in ex["hits"]], rel=1e-5)
+                assert got["seeds"] == [[n, pytest.approx(w, rel=1e-5)] for n, w in ex["seeds"]]
+                assert len(got["paths"]) == len(got["hits"])
+                for h, paths, (_, ents) in zip(got["hits"], got["paths"], ex["hits"]):
+                    assert {p["nodes"][-1]["name"] for p in paths if p["via"] == "activation"} == {n for n, _, _ in ents}
+                    for p in paths:
+                        assert p["via"] != "activation" or p["nodes"][0]["kind"] == "seed", p
+        r = httpx.post(url + "/v1/explain", json={"question": " "}, timeout=TIMEOUT)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "question"]
 
 
 def test_health_is_503_until_the_index_is_loaded(small_rag, small_index_dir, monkeypatch):

@@ -113,6 +113,13 @@ def test_one_index_as_a_store_keeps_todays_routes(small_rag, small_index_dir, sm
         assert ids_of(httpx.post(srv.url + "/v1/search", json={"questions": qs}, timeout=TIMEOUT)) == \
             hits_of(small_rag, qs) == ids_of(httpx.post(srv.url + "/v1/indexes/solo/search", json={"questions": qs},
                                                         timeout=TIMEOUT))
+        # explain, in both forms, with the request's settings (they were not passed on before the page needed them)
+        body = {"question": qs[0], "top_k": 3, "mode": "paper", "delta": 0.3}
+        want = [h.id for h, _ in small_rag.explain(qs[0], top_k=3, mode="paper", delta=0.3)[0]["hits"]]
+        assert want != [h.id for h, _ in small_rag.explain(qs[0], top_k=3)[0]["hits"]]
+        for path in ("/v1/explain", "/v1/indexes/solo/explain"):
+            r = httpx.post(srv.url + path, json=body, timeout=TIMEOUT)
+            assert [h["id"] for h in r.json()["results"][0]["hits"]] == want, path
         r = httpx.post(srv.url + "/admin/reload", timeout=TIMEOUT)
         assert r.status_code == 200 and r.json()["status"] == "ready"
 
