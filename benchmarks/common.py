@@ -106,6 +106,38 @@ def _status_bytes(field: str) -> int:
     return status_bytes(field) or 0
 
 
+def cgroup_memory() -> dict:
+    """This process's memory cgroup (Linux, cgroup v1 or v2): its limit and the most it has held since made (page
+    cache of the files it read included, which the kernel reclaims before it refuses memory), in bytes; {} where
+    none can be read. A run in a cgroup limited to N bytes shows that it fits in N."""
+    try:
+        with open("/proc/self/cgroup") as fh:
+            lines = [line.rstrip("\n").split(":", 2) for line in fh]
+    except OSError:
+        return {}
+    for _, controllers, path in lines:
+        if "memory" in controllers.split(","):  # v1
+            base = f"/sys/fs/cgroup/memory{path}"
+            files = {"limit_bytes": "memory.limit_in_bytes", "max_usage_bytes": "memory.max_usage_in_bytes",
+                     "limit_hits": "memory.failcnt"}
+            break
+    else:
+        path = next((p for h, c, p in lines if h == "0" and c == ""), None)
+        if path is None:
+            return {}
+        base = f"/sys/fs/cgroup{path}"
+        files = {"limit_bytes": "memory.max", "max_usage_bytes": "memory.peak"}
+    out = {"path": path}
+    for key, name in files.items():
+        try:
+            with open(f"{base}/{name}") as fh:
+                text = fh.read().strip()
+        except OSError:
+            continue
+        out[key] = None if text == "max" or (key == "limit_bytes" and int(text) >= 1 << 62) else int(text)
+    return out
+
+
 class MemorySampler:
     """The largest anonymous and file-backed resident memory of this process while the block runs, read from
     /proc/self/status every ``interval`` seconds by a thread (the kernel keeps a peak of the total only, VmHWM; an

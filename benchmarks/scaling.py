@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.common import (  # noqa: E402
-    DEFAULT_STATS, MemorySampler, StepMeter, log, machine, peak_memory, pick_device, reset_peak_memory, sync, synthetic_embeddings,
+    DEFAULT_STATS, MemorySampler, StepMeter, cgroup_memory, log, machine, peak_memory, pick_device, reset_peak_memory, sync, synthetic_embeddings,
     synthetic_mentions,
 )
 from linearrag_torch.retrieval import ann, scipy_backend  # noqa: E402
@@ -784,6 +784,7 @@ def report(args, argv, device, malloc_kept, stats, real, generator, sizes, rows,
         "real_corpus": real,
         "sizes": sorted(sizes.values(), key=lambda s: s["passages"]),
         "skipped_sizes": list(skipped),
+        "cgroup_memory": cgroup_memory(),  # a run in a memory-limited cgroup: the limit and the most it held
         "rows": sorted(rows, key=lambda r: (r["passages"], r["backend"], r["batch"])),
     }
     result.update(summarise(result))

@@ -21,7 +21,7 @@ PPR_MODES = ("auto", "exact", "local")
 AUTO_RESET_PASSAGES = 2000
 RESET_MINMAX = ("global", "top")  # eq. 7's min-max with reset_passages: over all passages or over the top m
 # retrieval/ann.py: the nearest-vector stage: by the corpus's size, the exact product, or FAISS
-ANN_KINDS = ("auto", "exact", "ivf", "hnsw")
+ANN_KINDS = ("auto", "exact", "ivf", "ivfpq", "hnsw")
 
 
 def _f(default, help: str, **meta):
@@ -113,10 +113,11 @@ class RetrievalConfig:
                                      "('global') or over those top passages ('top')", choices=RESET_MINMAX)
     ann: str = _f("auto", "the nearest-vector stage of eq. 3's seeds and, with ppr_mode local and reset_passages, of "
                           "the top passages: 'exact' (one product over every vector) or a FAISS index built on "
-                          "first use, 'ivf' or 'hnsw' (approximate; needs the ann extra; CPU only, a GPU engine "
-                          "keeps the exact product); 'auto': 'ivf' from ppr_local_from passages on where the local "
-                          "PageRank runs with a sparse reset, on the CPU with FAISS installed, else 'exact'",
-                          choices=ANN_KINDS)
+                          "first use, its candidates rescored exactly: 'ivf' (8-bit codes), 'ivfpq' (product-"
+                          "quantised codes, 1/32 of float32's memory) or 'hnsw' (approximate; needs the ann extra; "
+                          "CPU only, a GPU engine keeps the exact product); 'auto': 'ivfpq' from ppr_local_from "
+                          "passages on where the local PageRank runs with a sparse reset, on the CPU with FAISS "
+                          "installed, else 'exact'", choices=ANN_KINDS)
     ann_probe: int = _f(16, "ann ivf: inverted lists searched per vector (nprobe); ann hnsw: the search's "
                             "candidate list (efSearch, at least the vectors asked for)")
     ann_lists: int = _f(0, "ann ivf: inverted lists of the index (0: about the square root of the vectors)")
@@ -278,7 +279,7 @@ class RetrievalConfig:
         -------
         RetrievalConfig
             Itself when neither is "auto". ``ppr_mode`` "auto": "exact" below ``ppr_local_from`` passages, else
-            "local" with ``reset_passages`` (``AUTO_RESET_PASSAGES`` when 0). ``ann`` "auto": "ivf" from
+            "local" with ``reset_passages`` (``AUTO_RESET_PASSAGES`` when 0). ``ann`` "auto": "ivfpq" from
             ``ppr_local_from`` passages on where the local PageRank runs with a sparse reset and ``ann_ready``,
             else "exact".
 
@@ -290,7 +291,7 @@ class RetrievalConfig:
         >>> cfg.ppr_mode, cfg.reset_passages, cfg.ann
         ('local', 2000, 'exact')
         >>> RetrievalConfig().for_corpus(1_000_000, ann_ready=True).ann
-        'ivf'
+        'ivfpq'
         """
         cfg = self
         if cfg.ppr_mode == "auto":
@@ -301,7 +302,7 @@ class RetrievalConfig:
         if cfg.ann == "auto":
             ivf = (ann_ready and local and passages >= cfg.ppr_local_from and cfg.use_ppr and cfg.ppr_mode == "local"
                    and cfg.reset_passages > 0)
-            cfg = dataclasses.replace(cfg, ann="ivf" if ivf else "exact")
+            cfg = dataclasses.replace(cfg, ann="ivfpq" if ivf else "exact")
         return cfg
 
     def replace(self, **changes) -> "RetrievalConfig":

@@ -3,12 +3,18 @@ over the entity vectors (eq. 3's nearest entity per question entity) and the pas
 ``reset_passages`` passages of the sparse reset, eq. 7), opt-in; ``ann: exact`` (the default) keeps the one
 product over every vector.
 
-Two index kinds, both on 8-bit scalar-quantised vectors (a quarter of float32's memory; the candidates they
-return are rescored exactly from the engine's own vectors, so a score is never the quantised one):
+Three index kinds; the candidates they return are rescored exactly from the engine's own vectors (read only for
+them: mapped from an index folder, the rest of the vectors stay on disk), so a score is never the quantised one:
 
-- ``ivf``: an inverted file (k-means into ``ann_lists`` lists, about sqrt(rows) by default); a search reads the
-  ``ann_probe`` lists whose centroids are nearest to the question.
-- ``hnsw``: a navigable small-world graph (32 links per vector); a search keeps ``ann_probe`` candidates.
+- ``ivf``: an inverted file (k-means into ``ann_lists`` lists, about sqrt(rows) by default) of 8-bit scalar-quantised
+  vectors (a quarter of float32's memory); a search reads the ``ann_probe`` lists whose centroids are nearest to the
+  question.
+- ``ivfpq``: the same inverted file of product-quantised codes (PQ_BYTES_PER_DIM bytes a dimension: 48 bytes for
+  a 384-d vector, 1/32 of float32's memory), whose coarser scores are made up for by more candidates rescored
+  (PQ_CANDIDATES per question entity, PQ_PASSAGE_OVERSAMPLE): what ``ann: auto`` takes, so that a corpus of
+  millions of passages holds its vectors' codes in memory and the vectors themselves on disk.
+- ``hnsw``: a navigable small-world graph (32 links per vector) of 8-bit codes; a search keeps ``ann_probe``
+  candidates.
 
 An index is built on first use per engine graph and vector matrix, from a seeded sample (the same vectors give
 the same index), and with ``ann_cache`` written to that folder by ``faiss.write_index`` (FAISS's own binary
@@ -44,6 +50,13 @@ ENTITY_CANDIDATES = 8
 # the passage search asks for m + m / this + ENTITY_CANDIDATES passages, and the exact cosines keep the top m
 # (the quantised scores can swap passages across the m-th place)
 PASSAGE_OVERSAMPLE = 4
+# ivfpq: bytes of code a dimension (8-bit codes of 8-dimensional sub-vectors: 1/32 of float32), and, its scores
+# being coarser than 8-bit ones, more candidates rescored (measured: docs/benchmarks/scaling.md)
+PQ_DIMS_PER_CODE = 8
+PQ_CANDIDATES = 32
+PQ_PASSAGE_OVERSAMPLE = 2
+# vectors a product quantiser trains its 256 centroids a sub-vector on (FAISS warns below 39 a centroid)
+PQ_TRAIN = 256 * 40
 HNSW_LINKS = 32
 HNSW_EF_CONSTRUCTION = 40
 # vectors the IVF's k-means trains on, per list (FAISS warns below 39)
@@ -68,7 +81,7 @@ def _faiss():
     try:
         import faiss
     except ImportError as err:
-        raise ImportError("RetrievalConfig.ann 'ivf' / 'hnsw' needs FAISS: pip install 'linearrag_torch[ann]' "
+        raise ImportError("RetrievalConfig.ann 'ivf' / 'ivfpq' / 'hnsw' needs FAISS: pip install 'linearrag_torch[ann]' "
                           "(faiss-cpu), or set ann: exact") from err
     return faiss
 
@@ -91,7 +104,7 @@ class AnnIndex:
     Parameters
     ----------
     kind : str
-        "ivf" or "hnsw".
+        "ivf", "ivfpq" or "hnsw".
     index : faiss.Index
         The index.
     rows, dim : int
@@ -121,10 +134,10 @@ class AnnIndex:
         ----------
         vectors : torch.Tensor
             The rows to index (unit length).
-        kind : {"ivf", "hnsw"}
+        kind : {"ivf", "ivfpq", "hnsw"}
             The index kind (module docstring).
         lists : int
-            ivf: inverted lists (0: round(sqrt(N)), at most N / TRAIN_PER_LIST; at least 1, at most N).
+            ivf, ivfpq: inverted lists (0: round(sqrt(N)), at most N / TRAIN_PER_LIST; at least 1, at most N).
         seed : int
             Seed of the training sample.
 
@@ -137,20 +150,27 @@ class AnnIndex:
         N, D = vectors.shape
         faiss.omp_set_num_threads(torch.get_num_threads())
         qt, ip = faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT
-        if kind == "ivf":
+        if kind in ("ivf", "ivfpq"):
             # automatic: about sqrt(N), and at least TRAIN_PER_LIST vectors a list for the k-means
             lists = min(lists, N) if lists else min(round(math.sqrt(N)), N // TRAIN_PER_LIST)
             lists = max(lists, 1)
-            index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(D), D, lists, qt, ip)
-            index.cp.seed = seed
             n_train = min(N, max(TRAIN_PER_LIST * lists, 1024))
+            if kind == "ivf":
+                index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(D), D, lists, qt, ip)
+            else:
+                # 8-bit codes need 256 centroids a sub-vector: fewer bits where fewer vectors train them
+                bits = max(1, min(8, int(math.log2(max(N, 2) / 40)))) if N < PQ_TRAIN else 8
+                index = faiss.IndexIVFPQ(faiss.IndexFlatIP(D), D, lists, pq_codes(D), bits, ip)
+                n_train = min(N, max(n_train, PQ_TRAIN))
+                index.pq.cp.seed = seed
+            index.cp.seed = seed
         elif kind == "hnsw":
             lists = 0
             index = faiss.IndexHNSWSQ(D, qt, HNSW_LINKS, ip)
             index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
             n_train = min(N, 1 << 16)
         else:
-            raise ValueError(f"ann kind must be 'ivf' or 'hnsw', got {kind!r}")
+            raise ValueError(f"ann kind must be 'ivf', 'ivfpq' or 'hnsw', got {kind!r}")
         gen = torch.Generator().manual_seed(seed)
         sample = torch.randperm(N, generator=gen)[:n_train].sort().values
         index.train(_host32(vectors.index_select(0, sample.to(vectors.device))))
@@ -183,7 +203,7 @@ class AnnIndex:
         t0 = time.perf_counter()
         # the probe goes with the call (SearchParameters), not into the shared index: concurrent searches with
         # different probes (two requests' settings) cannot see each other's
-        if self.kind == "ivf":
+        if self.kind in ("ivf", "ivfpq"):
             params = faiss.SearchParametersIVF(nprobe=min(probe, self.index.nlist))
         else:
             params = faiss.SearchParametersHNSW(efSearch=max(probe, k))
@@ -232,8 +252,29 @@ class AnnIndex:
         if index.ntotal != meta["rows"] or index.d != meta["dim"]:
             raise ValueError(f"{path}: the FAISS index holds {index.ntotal} x {index.d} vectors, its JSON file says "
                              f"{meta['rows']} x {meta['dim']}")
-        lists = int(index.nlist) if meta["kind"] == "ivf" else 0
+        lists = int(index.nlist) if meta["kind"] in ("ivf", "ivfpq") else 0
         return AnnIndex(meta["kind"], index, meta["rows"], meta["dim"], lists, time.perf_counter() - t0, True)
+
+
+def pq_codes(dim: int) -> int:
+    """Sub-vectors of an ivfpq code for ``dim``-dimensional vectors: dim / PQ_DIMS_PER_CODE, or the largest divisor
+    of dim below it (FAISS's product quantiser splits a vector into equal parts)."""
+    m = max(1, dim // PQ_DIMS_PER_CODE)
+    while dim % m:
+        m -= 1
+    return m
+
+
+def entity_candidates(cfg: RetrievalConfig) -> int:
+    """Candidates of the ANN rescored exactly per question entity (eq. 3's nearest entity)."""
+    return PQ_CANDIDATES if cfg.ann == "ivfpq" else ENTITY_CANDIDATES
+
+
+def passage_search(m: int, cfg: RetrievalConfig) -> int:
+    """Passages the ANN is asked for per question, of which the exact cosines keep the top ``m``."""
+    if cfg.ann == "ivfpq":
+        return m + m // PQ_PASSAGE_OVERSAMPLE + PQ_CANDIDATES
+    return m + m // PASSAGE_OVERSAMPLE + ENTITY_CANDIDATES
 
 
 def _host32(x: torch.Tensor):
@@ -292,7 +333,7 @@ def stage(graph, which: str, cfg: RetrievalConfig) -> AnnIndex | None:
     vectors = graph.entity_emb if which == "entity" else graph.passage_emb
     if vectors.shape[0] == 0:
         return None
-    lists = cfg.ann_lists if cfg.ann == "ivf" else 0
+    lists = cfg.ann_lists if cfg.ann in ("ivf", "ivfpq") else 0
     key = (which, cfg.ann, lists, cfg.ann_cache)
     built = _stages.setdefault(graph, {})
     got = built.get(key)
@@ -300,7 +341,7 @@ def stage(graph, which: str, cfg: RetrievalConfig) -> AnnIndex | None:
         return got
     meta = {"kind": cfg.ann, "which": which, "lists": lists, "rows": int(vectors.shape[0]), "dim": int(vectors.shape[1]),
             "fingerprint": fingerprint(vectors), "hnsw_links": HNSW_LINKS if cfg.ann == "hnsw" else 0,
-            "storage": "SQ8"}
+            "storage": f"PQ{pq_codes(vectors.shape[1])}" if cfg.ann == "ivfpq" else "SQ8"}
     path = None
     if cfg.ann_cache:
         path = Path(cfg.ann_cache) / f"{which}-{cfg.ann}-{lists}-{meta['rows']}x{meta['dim']}-{meta['fingerprint']}.faiss"
@@ -343,7 +384,7 @@ def nearest_entities(graph, query_entity_emb: torch.Tensor, known: torch.Tensor 
     hit = torch.nonzero(arg >= 0).flatten()
     best[hit] = _dots(emb, arg[hit], q[hit])
     if ask.numel():
-        k = min(ENTITY_CANDIDATES, E)
+        k = min(entity_candidates(cfg), E)
         _, ids = st.search(q[ask], k, cfg.ann_probe)
         ids = ids.to(emb.device)
         found = ids >= 0
@@ -403,7 +444,7 @@ def passage_candidates(graph, query_emb: torch.Tensor, m: int, cfg: RetrievalCon
     B = query_emb.shape[0]
     q = query_emb.float()
     m = min(m, P)
-    _, ids = st.search(q, min(m + m // PASSAGE_OVERSAMPLE + ENTITY_CANDIDATES, P), cfg.ann_probe)
+    _, ids = st.search(q, min(passage_search(m, cfg), P), cfg.ann_probe)
     ids = ids.to(dev)
     col = torch.arange(B, device=dev)[:, None].expand_as(ids)
     ok = ids >= 0
@@ -425,10 +466,13 @@ def passage_candidates(graph, query_emb: torch.Tensor, m: int, cfg: RetrievalCon
     keep = order[rank < m]
     p, qb, cos, val, rank = p[keep], qb[keep], cos[keep], val[keep], rank[rank < m]
     if low:
-        _, far = st.search(-q, 1, cfg.ann_probe)
-        far = far[:, 0].to(dev)
-        lo = _cosines(emb, far.clamp(min=0), q, torch.arange(B, device=dev))
-        lo = torch.where(far >= 0, lo, torch.full_like(lo, float("inf")))
+        # the negated questions' best matches, rescored: one for 8-bit codes, PQ_CANDIDATES for ivfpq's coarser ones
+        k_far = min(PQ_CANDIDATES if cfg.ann == "ivfpq" else 1, P)
+        _, far = st.search(-q, k_far, cfg.ann_probe)
+        far = far.to(dev)
+        cols = torch.arange(B, device=dev).repeat_interleave(k_far)
+        lo = _cosines(emb, far.clamp(min=0).flatten(), q, cols).view(B, k_far)
+        lo = torch.where(far >= 0, lo, torch.full_like(lo, float("inf"))).amin(dim=1)
         if prior is not None:
             lo = lo.clamp(min=prior.floor)
     else:

@@ -240,7 +240,7 @@ class DeviceGraph:
         if cfg.ppr_mode == "local" and cfg.use_ppr:
             rows = 0  # the push's table grows with its threshold, not with the corpus
         if local_round.asked(cfg, self.device):  # no [P, B] tensor: the ANN's candidates (index lists of 3 words)
-            P = min(P, cfg.reset_passages + cfg.reset_passages // ann.PASSAGE_OVERSAMPLE + ann.ENTITY_CANDIDATES)
+            P = min(P, ann.passage_search(cfg.reset_passages, cfg))
         paper = cfg.use_activation and cfg.mode == "paper"
         return BYTES_PER_PASSAGE * P + BYTES_PER_WALK_ROW * rows + (BYTES_PER_ENTITY_PAPER * E if paper else 0)
 

@@ -77,6 +77,40 @@ def test_exhaustive_ivf_round_equals_the_exact_local_round(minmax, chain):
     assert {k[:2] for k in ann.built(graph)} == {("entity", "ivf"), ("passage", "ivf")}
 
 
+@pytest.mark.parametrize("chain", [0, 2])
+def test_ivfpq_round_equals_the_exact_local_round_where_every_row_is_a_candidate(chain):
+    """ivfpq, made exact: with every list probed and fewer entities and passages than its rescored candidates (for
+    eq. 3, the top m and the global min-max's low end), every row is rescored from the engine's vectors, so the round is the exact
+    local round's whatever its codes (they only choose candidates); its codes are PQ (pq_codes sub-vectors)."""
+    index = random_index(30, 30, dim=16, seed=4)  # the global min-max's low end: the best of 32 negated matches
+    assert max(index.num_entities, index.num_passages) <= ann.PQ_CANDIDATES
+    graph = DeviceGraph(index)
+    queries = random_queries(index, batch=12, seed=2)
+    cfg = RetrievalConfig(ppr_mode="local", ppr_eps=1e-8, reset_passages=30, chain_passages=chain, pair_candidates=0,
+                          top_k=8)
+    want = retrieve(graph, queries, cfg)
+    got = retrieve(graph, queries, cfg.replace(ann="ivfpq", ann_probe=EVERY_LIST))
+    assert_same_ranking(got, want)
+    st = ann.built(graph)[("entity", "ivfpq", 0, "")]
+    assert isinstance(st.index, faiss.IndexIVFPQ) and st.index.pq.M == ann.pq_codes(16) == 2
+
+
+def test_ivfpq_codes_are_a_32nd_of_float32_and_find_most_nearest_entities():
+    """At 384 dimensions an ivfpq code is 48 bytes (float32: 1,536); probing every list, its 32 rescored candidates
+    hold the exact nearest entity of nearly every question entity (random unit vectors, their question entities
+    near a stored one)."""
+    assert ann.pq_codes(384) == 48 and ann.pq_codes(64) == 8 and ann.pq_codes(20) == 2
+    index = random_index(2000, 12000, dim=64, seed=3)
+    graph = DeviceGraph(index)
+    queries = random_queries(index, batch=64, seed=5)
+    cfg = RetrievalConfig(ann="ivfpq", ann_probe=EVERY_LIST)
+    _, arg = ann.nearest_entities(graph, queries.entity_emb, None, cfg)
+    _, want = nearest_entities(graph.entity_emb, queries.entity_emb)
+    assert float((arg == want).float().mean()) >= 0.95
+    st = ann.built(graph)[("entity", "ivfpq", 0, "")]
+    assert st.index.code_size == 8 and st.nbytes() < graph.entity_emb.numel() * 4 / 4
+
+
 def test_approximate_search_keeps_most_of_the_top_passages():
     """With few lists probed the answer may differ, but stays a valid ranking of real passages."""
     index = random_index(400, 500, dim=16, seed=6)
@@ -195,7 +229,7 @@ def test_the_local_ann_round_sizes_its_chunks_without_the_corpus():
 
 
 def test_ann_auto_takes_the_ivf_stage_from_ppr_local_from_and_says_once_without_faiss(monkeypatch):
-    """The defaults (ann auto) at and above ppr_local_from answer as ann ivf asked for (the stage is built), below it
+    """The defaults (ann auto) at and above ppr_local_from answer as ann ivfpq asked for (the stage is built), below it
     as the exact product (none built); where FAISS is missing they run the exact product with one warning."""
     index = random_index(400, 500, dim=16, seed=6)
     queries = random_queries(index, 6, seed=2)
@@ -207,8 +241,8 @@ def test_ann_auto_takes_the_ivf_stage_from_ppr_local_from_and_says_once_without_
     assert torch.equal(small.indices, want.indices) and torch.equal(small.scores, want.scores)
     auto = base.replace(ppr_local_from=400)
     got = retrieve(graph, queries, auto)
-    assert {key[:2] for key in ann.built(graph)} == {("entity", "ivf"), ("passage", "ivf")}
-    want = retrieve(DeviceGraph(index), queries, auto.replace(ppr_mode="local", ann="ivf"))
+    assert {key[:2] for key in ann.built(graph)} == {("entity", "ivfpq"), ("passage", "ivfpq")}
+    want = retrieve(DeviceGraph(index), queries, auto.replace(ppr_mode="local", ann="ivfpq"))
     assert torch.equal(got.indices, want.indices) and torch.equal(got.scores, want.scores)
 
     monkeypatch.setattr(ann, "available", lambda: False)

@@ -229,7 +229,7 @@ def test_local_mode_settings_are_checked():
 def test_auto_mode_resolves_by_the_corpus_size():
     """ppr_mode auto: the exact walk below ppr_local_from passages, the local one with a 2,000-passage sparse
     reset (or the one asked for) from there; explicit modes untouched; an engine without the local walk exact.
-    ann auto: FAISS's IVF where the local walk with a sparse reset runs from ppr_local_from on and the engine can
+    ann auto: FAISS's IVF-PQ where the local walk with a sparse reset runs from ppr_local_from on and the engine can
     take it (ann_ready), else the exact product."""
     cfg = RetrievalConfig()
     assert cfg.ppr_mode == "auto" and cfg.ppr_local_from == 100_000 and cfg.ann == "auto"
@@ -237,10 +237,10 @@ def test_auto_mode_resolves_by_the_corpus_size():
         assert cfg.for_corpus(99_999, ann_ready=ready) == cfg.replace(ppr_mode="exact", ann="exact")
         assert cfg.for_corpus(10 ** 6, local=False, ann_ready=ready) == cfg.replace(ppr_mode="exact", ann="exact")
     assert cfg.for_corpus(100_000) == cfg.replace(ppr_mode="local", reset_passages=2000, ann="exact")
-    assert cfg.for_corpus(100_000, ann_ready=True) == cfg.replace(ppr_mode="local", reset_passages=2000, ann="ivf")
+    assert cfg.for_corpus(100_000, ann_ready=True) == cfg.replace(ppr_mode="local", reset_passages=2000, ann="ivfpq")
     assert cfg.replace(reset_passages=500).for_corpus(10 ** 6).reset_passages == 500
     # an explicit local walk takes the ANN stage from the same size on; without a sparse reset it has no top-m scan
-    assert cfg.replace(ppr_mode="local", reset_passages=100).for_corpus(10 ** 6, ann_ready=True).ann == "ivf"
+    assert cfg.replace(ppr_mode="local", reset_passages=100).for_corpus(10 ** 6, ann_ready=True).ann == "ivfpq"
     assert cfg.replace(ppr_mode="local").for_corpus(10 ** 6, ann_ready=True).ann == "exact"
     assert cfg.replace(ppr_mode="exact").for_corpus(10 ** 6, ann_ready=True).ann == "exact"
     for mode in ("exact", "local"):
