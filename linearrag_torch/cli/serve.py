@@ -78,11 +78,13 @@ def run(args) -> int:
         from ..serve.store_app import serve_store
 
         require_encoder_backend(getattr(args, "encoder_backend", "torch"))
-        found, _ = discover(args.index_dir)  # a clear error now for a path that is neither
+        skipped: list = []  # the subfolders that are not indexes: the store logs them when it starts
+        found, _ = discover(args.index_dir, skipped)  # a clear error now for a path that is neither
         if not found and not args.store:  # (an empty store, for POST /v1/indexes, needs --store)
-            if len(args.index_dir) == 1:
+            if len(args.index_dir) == 1 and not skipped:
                 open_index_dir(args.index_dir[0])  # the single-index server's error, naming what is missing
-            raise ValueError(f"no index folder in {' '.join(args.index_dir)} (an empty store: add --store)")
+            left = "".join(f"; {folder}: {why}" for folder, why in skipped[:3])
+            raise ValueError(f"no index folder in {' '.join(args.index_dir)} (an empty store: add --store){left}")
         _check_port(args.host, args.port)
         return serve_store(args.index_dir, settings_from_args(ServeSettings, args), _llm(args))
     args.index_dir = args.index_dir[0]

@@ -53,6 +53,7 @@ def create_app(service: LinearRAGService | HTTPFront, early_admission: bool = Tr
     if local_docs:
         add_doc_pages(app)
     add_page(app)
+    add_mcp_off(app, "one index's server has none: serve the folder as a store (linearrag serve INDEX_DIR --store)")
     app.include_router(service.router)
     if early_admission:
         app.add_middleware(EarlyAdmission, front=getattr(service, "front", service))
@@ -109,6 +110,18 @@ def add_page(app: FastAPI) -> None:
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
         return FileResponse(PAGE_DIR / "index.html", media_type="text/html")
+
+
+def add_mcp_off(app: FastAPI, why: str) -> None:
+    """/mcp and /mcp/... where the MCP endpoint is not served: a 404 whose detail says why (the extra not installed,
+    with the pip command, or --no-mcp), not a bare "Not Found"."""
+    detail = f"the MCP endpoint is not served here: {why}"
+
+    async def mcp_off(request: Request) -> JSONResponse:
+        return JSONResponse({"detail": detail}, status_code=404)
+
+    for path in ("/mcp", "/mcp/{rest:path}"):
+        app.add_api_route(path, mcp_off, methods=["GET", "POST", "DELETE"], include_in_schema=False)
 
 
 def _server_class():

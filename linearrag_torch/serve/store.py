@@ -56,10 +56,25 @@ def is_index_dir(path: Path) -> bool:
     return (path / "index.json").is_file()
 
 
-def discover(paths) -> tuple[dict, Path | None]:
+def not_an_index(folder: Path) -> str:
+    """Why ``folder``, a subfolder of a store's folder, is not served (it has no index.json)."""
+    why = "not an index folder (no index.json)"
+    try:
+        inner = sorted(p.name for p in folder.iterdir() if p.is_dir() and is_index_dir(p))
+    except OSError as exc:
+        return f"{why}; cannot list it: {exc.strerror or exc}"
+    if inner:  # ROOT/a/b/index.json: only ROOT's own subfolders are served
+        shown = ", ".join(inner[:3]) + (f" and {len(inner) - 3} more" if len(inner) > 3 else "")
+        why += f"; it holds index folders ({shown}): pass {folder} itself to serve them"
+    return why
+
+
+def discover(paths, skipped: list | None = None) -> tuple[dict, Path | None]:
     """({name: folder} of the indexes in ``paths``, the store's root or None). Each path is an index folder (served
     under its folder's name) or a folder of index folders (each served under its own name; with one such path it
-    is the root, where created indexes go). ValueError for a path that is neither, a bad or repeated name."""
+    is the root, where created indexes go). ValueError for a path that is neither, a bad or repeated name.
+    ``skipped``: a list to which each subfolder of a folder of index folders that is not an index is appended, as
+    (folder, why) (the store logs them: a folder left out silently looks like a lost index)."""
     found, roots = {}, []
     for raw in paths:
         path = Path(raw)
@@ -68,7 +83,10 @@ def discover(paths) -> tuple[dict, Path | None]:
         if is_index_dir(path):
             folders = [path]
         else:
-            folders = sorted(p for p in path.iterdir() if p.is_dir() and is_index_dir(p))
+            subfolders = sorted(p for p in path.iterdir() if p.is_dir())
+            folders = [p for p in subfolders if is_index_dir(p)]
+            if skipped is not None:
+                skipped += [(p, not_an_index(p)) for p in subfolders if not is_index_dir(p)]
             roots.append(path)
         for folder in folders:
             name = folder.resolve().name
@@ -153,7 +171,10 @@ class Store(Lifespan):
                  models=None):
         self.settings = s = settings or ServeSettings()
         self.llm = llm
-        found, default_root = discover(paths)
+        self.skipped: list = []  # (folder, why): the subfolders of a store's folder that are not indexes
+        found, default_root = discover(paths, self.skipped)
+        for folder, why in self.skipped:
+            log.warning("not serving %s: %s", folder, why)
         self.root = Path(root) if root is not None else default_root
         if len(found) > s.max_indexes:
             raise ValueError(f"{len(found)} indexes, more than --max-indexes {s.max_indexes}")

@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPBearer
 
 from .. import __version__
+from ..extras import install_hint
 from . import schemas
 from .front import _ADMITTED, REQUEST_ID_HEADER, EarlyAdmission, HTTPError, HTTPFront, Overloaded, request_id
 from .metrics import CONTENT_TYPE_LATEST
@@ -382,15 +383,26 @@ class _KeyGate:
         return await self.app(scope, receive, send)
 
 
+def mcp_installed() -> bool:
+    """Whether the MCP SDK imports (imported, not looked up: a test hides it with sys.modules["mcp"] = None)."""
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def create_store_app(store: Store, early_admission: bool = True, mcp: bool | None = None) -> FastAPI:
     """A FastAPI app serving ``store``; its lifespan starts and stops it (and the MCP endpoint's session manager).
     ``mcp``: mount the MCP endpoint at /mcp/ (default: settings.mcp, when the mcp package is installed)."""
     from contextlib import asynccontextmanager
 
-    from .app import add_doc_pages, add_page
+    from .app import add_doc_pages, add_mcp_off, add_page
 
     use_mcp = store.settings.mcp if mcp is None else mcp
-    use_mcp = use_mcp and importlib.util.find_spec("mcp") is not None
+    mcp_off = None if use_mcp else "turned off (--no-mcp)"  # why /mcp/ is not served, said at startup and at /mcp/
+    if use_mcp and not mcp_installed():
+        use_mcp, mcp_off = False, f"the 'mcp' extra is not installed: {install_hint('mcp')}"
     mcp_server = None
     if use_mcp:
         from .mcp_tools import make_mcp_server
@@ -420,6 +432,9 @@ def create_store_app(store: Store, early_admission: bool = True, mcp: bool | Non
     app.include_router(router)
     if mcp_server is not None:
         app.mount("/mcp", mcp_app)
+    else:
+        log.info("the MCP endpoint /mcp/ is off: %s", mcp_off)
+        add_mcp_off(app, mcp_off)
     app.add_middleware(_MethodGate, routes=list(router.routes))
     if early_admission:
         app.add_middleware(StoreAdmission, store=store)

@@ -599,6 +599,13 @@ def test_a_server_without_a_chat_model_offers_no_answer_route(small_rag):
         assert 'linearrag_failures_total{reason="no_chat_model"} 2.0' in httpx.get(url + "/metrics").text
 
 
+def test_mcp_on_one_index_s_server_is_a_404_that_says_where_it_is(small_rag):
+    """Issue 60: MCP is a store's (docs/serving.md); on one index's server /mcp/ says so, not a bare Not Found."""
+    with serving(small_rag) as (url, _):
+        r = httpx.post(url + "/mcp/", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, timeout=TIMEOUT)
+        assert r.status_code == 404 and "--store" in r.json()["detail"], r.text
+
+
 def test_memory_budget_and_every_setting_reach_the_command_line(small_rag, capsys):
     from dataclasses import fields
 

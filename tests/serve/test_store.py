@@ -335,3 +335,61 @@ def test_a_passage_id_is_an_integer_as_json_schema_says_or_a_string():
     for bad in (1.5, True, "", 2.0 ** 64):
         with pytest.raises(ValidationError):
             delete.model_validate({"ids": [bad]})
+
+
+# ------------------------------------------------------------------------------ what a newcomer trips on (issue 60)
+def test_a_subfolder_that_is_not_an_index_is_named_at_startup(small_index_dir, tmp_path, caplog, capsys):
+    """`linearrag serve ROOT` serves ROOT's index folders and logs each other subfolder with why it was left out
+    (no models are loaded: the store is only made)."""
+    import logging
+    import shutil
+
+    root = tmp_path / "root"
+    root.mkdir()
+    copy_index(small_index_dir, root / "alpha")
+    (root / "notes").mkdir()  # not an index
+    copy_index(small_index_dir, root / "nested" / "inner")  # an index one level too deep
+    (root / "stray.txt").write_text("a file, not a folder: not reported")
+    with caplog.at_level(logging.WARNING, logger="linearrag.serve"):
+        store = Store([root], ServeSettings(mcp=False))
+    assert list(store.hosts) == ["alpha"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "linearrag.serve"]
+    assert len(lines) == 2, lines
+    nested, notes = lines
+    assert f"not serving {root / 'notes'}: not an index folder (no index.json)" == notes
+    assert str(root / "nested") in nested and "holds index folders (inner)" in nested, nested
+    # a folder with no index at all is refused before the server starts, each subfolder named with why
+    from linearrag_torch.cli import main
+
+    for folder in ("alpha", "nested"):
+        shutil.rmtree(root / folder)
+    capsys.readouterr()
+    assert main(["serve", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "no index folder in" in err and f"{root / 'notes'}: not an index folder (no index.json)" in err, err
+
+
+def test_mcp_without_its_extra_is_a_404_that_names_the_extra_and_a_line_at_startup(tmp_path, monkeypatch, caplog):
+    """Without the mcp package (hidden: sys.modules["mcp"] = None) /mcp/ answers a 404 whose detail names the
+    extra and its pip command, and the store says at startup that /mcp/ is off and why; --no-mcp says so too.
+    The app is made and asked in process (starlette's TestClient without its lifespan: no index is loaded)."""
+    import logging
+    import sys
+
+    from starlette.testclient import TestClient
+
+    (tmp_path / "root").mkdir()
+    store = Store([tmp_path / "root"], ServeSettings())  # mcp on by default
+    monkeypatch.setitem(sys.modules, "mcp", None)
+    with caplog.at_level(logging.INFO, logger="linearrag.serve"):
+        client = TestClient(create_store_app(store))
+    said = [r.getMessage() for r in caplog.records if "/mcp/" in r.getMessage()]
+    assert said == ["the MCP endpoint /mcp/ is off: the 'mcp' extra is not installed: "
+                    'pip install -e ".[mcp]" in a checkout, or pip install "linearrag_torch[mcp]"'], said
+    for method, path in (("POST", "/mcp/"), ("GET", "/mcp"), ("POST", "/mcp/anything")):
+        r = client.request(method, path, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        assert r.status_code == 404, (path, r.text)
+        assert "'mcp' extra is not installed" in r.json()["detail"] and 'pip install -e ".[mcp]"' in r.json()["detail"]
+    off = TestClient(create_store_app(store, mcp=False)).post("/mcp/", json={})
+    assert off.status_code == 404 and "--no-mcp" in off.json()["detail"], off.text
+    assert "/mcp" not in json.dumps(client.get("/openapi.json").json()["paths"])  # not an API route
