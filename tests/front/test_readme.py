@@ -232,20 +232,22 @@ def server_snippet(text: str) -> list[str]:
 
 def test_the_server_snippet_waits_for_health_before_searching():
     """`linearrag serve ... &` then a search at once is refused (the port is not open yet) or answered 503 (the
-    index is loading): the snippet waits for GET /health to answer 200 (`curl -f` fails on a 503) first."""
+    index is loading): the snippet waits for GET /health to answer 200 (`curl -f` fails on a 503) first, and stops
+    waiting when the server has exited (`kill -0 $!` fails: a bad folder, a port in use), not forever."""
     lines = server_snippet(README)
     serve = next(i for i, line in enumerate(lines) if line.startswith("linearrag serve") and line.endswith("&"))
     search = next(i for i, line in enumerate(lines) if "/v1/search" in line)
     wait = lines[serve + 1]
     assert serve < search and serve + 1 < search, lines
-    assert re.match(r"until curl -s?f\S* localhost:(\d+)/health(\s*>\s*/dev/null)?; do sleep \d+; done", wait), wait
+    assert re.match(r"until curl -s?f\S* localhost:(\d+)/health(\s*>\s*/dev/null)?; "
+                    r"do kill -0 \$! (2>\s*/dev/null )?\|\| break; sleep \d+; done", wait), wait
     port = re.search(r"--port (\d+)", lines[serve]).group(1)
     assert f"localhost:{port}/health" in wait and f"localhost:{port}/v1/search" in lines[search]
 
 
-def test_the_readme_server_snippet_runs_as_written(small_index_dir, tmp_path):
-    """The snippet run by bash as written (the server on a free port, the 60-passage index, `linearrag` as this
-    interpreter's module, the wait bounded): the search's hits (the server's access log shares the output)."""
+def run_server_snippet(index_dir, cwd, timeout: float):
+    """The README's server snippet run by bash as written, but on a free port, on ``index_dir``, with `linearrag` as
+    this interpreter's module and `set -e`; the server is killed when the script ends."""
     import os
     import shutil
     import subprocess
@@ -255,12 +257,29 @@ def test_the_readme_server_snippet_runs_as_written(small_index_dir, tmp_path):
     if shutil.which("curl") is None:
         pytest.skip("no curl")
     script = "\n".join(line for line in server_snippet(README) if not line.startswith("pip "))
-    script = (script.replace("8000", str(free_port())).replace("demo_index", shlex.quote(str(small_index_dir)))
-              .replace("linearrag serve", f"{shlex.quote(sys.executable)} -m linearrag_torch.cli serve")
-              .replace("until ", "timeout 120 bash -c 'until ", 1).replace("; done", "; done'", 1))
+    script = (script.replace("8000", str(free_port())).replace("demo_index", shlex.quote(str(index_dir)))
+              .replace("linearrag serve", f"{shlex.quote(sys.executable)} -m linearrag_torch.cli serve"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(["bash", "-c", "set -e\ntrap 'kill $!' EXIT\n" + script], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=200)
+    return subprocess.run(["bash", "-c", "set -e\ntrap 'kill $! 2>/dev/null' EXIT\n" + script], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_readme_server_snippet_stops_waiting_when_the_server_exits(tmp_path):
+    """Issue 60: the wait loop waited forever for a server that had exited at start. Here the server is given a
+    folder without an index, exits 2 at once, and the snippet ends within seconds (the search then fails)."""
+    import time
+
+    t0 = time.monotonic()
+    proc = run_server_snippet(tmp_path / "no_index_here", tmp_path, timeout=60)
+    assert proc.returncode != 0 and time.monotonic() - t0 < 30, proc.stdout + proc.stderr
+    assert "no_index_here" in proc.stderr and "No such process" in proc.stderr, proc.stderr
+
+
+def test_the_readme_server_snippet_runs_as_written(small_index_dir, tmp_path):
+    """The snippet run by bash as written (the server on a free port, the 60-passage index, `linearrag` as this
+    interpreter's module; the wait ends when the server has exited, and the run is bounded): the search's hits (the
+    server's access log shares the output)."""
+    proc = run_server_snippet(small_index_dir, tmp_path, timeout=200)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert '{"results":[{"question":"Which country the composer' in proc.stdout, proc.stdout + proc.stderr
     assert '"title":"Thunder on the Hill"' in proc.stdout
