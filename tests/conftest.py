@@ -64,7 +64,7 @@ SLOW_TESTS = {
     "test_index_and_query_with_a_local_sentence_transformers_folder",
     "test_the_loop_reads_the_host_as_often_for_any_batch", "test_a_planted_broken_link_fails_the_docs_build",
     "test_the_readme_server_snippet_runs_as_written", "test_aggressive_retrying_clients_keep_the_goodput_of_capacity",
-    "test_the_readme_server_snippet_stops_waiting_when_the_server_exits",
+    "test_the_readme_server_snippet_stops_waiting_when_the_server_exits", "test_the_readme_s_docs_build_prints_no_banner",
     "test_serve_ab_benchmark_alternates_settings_and_divides_by_the_runs_capacity",
     "test_linearrag_mcp_over_stdio",
 }
