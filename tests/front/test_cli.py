@@ -538,6 +538,17 @@ def test_query_is_described_as_ranking_and_answer_as_answering(capsys):
     assert "answer" in line["answer"]
 
 
+def test_the_command_line_guide_lists_every_command():
+    """docs/cli.md's list of commands (its first indented block) names every subcommand `linearrag --help` lists,
+    and no other (issue 60: train-set-reader was missing)."""
+    from linearrag_torch.cli import commands
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text(encoding="utf-8")
+    block = re.search(r"\n\n((?:    linearrag .*\n|                .*\n)+)", guide).group(1)
+    listed = {m for m in re.findall(r"^    linearrag (\S+)", block, re.M)}
+    assert set(commands()) | {"--version"} == listed, sorted(listed ^ (set(commands()) | {"--version"}))
+
+
 def test_usage_errors_exit_2(capsys):
     for argv in ([], ["frobnicate"], ["query"], ["query", "idx", "q", "--mode", "sideways"]):
         with pytest.raises(SystemExit) as info:
