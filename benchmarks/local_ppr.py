@@ -174,7 +174,7 @@ def main(argv=None) -> int:
     ap.add_argument("--minmax", nargs="+", default=["global", "top"], choices=["global", "top"])
     ap.add_argument("--eps", type=float, nargs="+", default=[1e-4, 1e-5], help="ppr_eps values with a sparse reset")
     ap.add_argument("--eps-full", type=float, nargs="*", default=[], help="ppr_eps values with every passage in the reset")
-    ap.add_argument("--ann", nargs="*", default=[], choices=["ivf", "hnsw"],
+    ap.add_argument("--ann", nargs="*", default=[], choices=["ivf", "ivfpq", "hnsw"],
                     help="also the local settings on these ANN stages (RetrievalConfig.ann; needs faiss)")
     ap.add_argument("--ann-probe", type=int, nargs="+", default=[RetrievalConfig().ann_probe], help="ann_probe values")
     ap.add_argument("--rerank", action="store_true", help="every setting with the learned reranker (the reference: "

@@ -204,14 +204,15 @@ def prepare_walks(graph, cfgs: dict, passages: int) -> None:
 
 
 def build(passages: int, stats: dict, dim: int, device: torch.device, seed: int = 0,
-          dtype: str = "float32", cfgs: dict | None = None, index_dir: Path | None = None):
+          dtype: str = "float32", cfgs: dict | None = None, index_dir: Path | None = None, reuse: bool = False):
     """A synthetic index of ``passages`` passages with ``dim``-dimensional vectors stored in ``dtype``; times the
     structure build (mentions -> device graph, with the PageRank structures ``cfgs`` use: prepare_walks) and reports
     its memory: peak RSS of the whole build (vectors included), bytes a passage by part.
 
     ``index_dir``: the index is written to a folder there instead (synthetic.write_index: its vectors block by block,
     never all in memory) and loaded back as a user loads a saved index (TriGraphIndex.load: its tensors mapped
-    from the file, the checksums verified); the times are then the write's and the load's."""
+    from the file, the checksums verified); the times are then the write's and the load's. ``reuse``: a folder
+    written by an earlier run (the same size, dimension, dtype and seed: the same index) is loaded, not rewritten."""
     cfgs = {} if cfgs is None else cfgs
     base = reset_peak_memory(torch.device("cpu"))
     info = {}
@@ -220,7 +221,10 @@ def build(passages: int, stats: dict, dim: int, device: torch.device, seed: int 
         t, tc = time.perf_counter(), time.process_time()
         if index_dir is not None:
             folder = Path(index_dir) / f"synthetic-{passages}-{dim}-{dtype}-{seed}"
-            write_index(folder, m, dim, seed, EMBEDDING_TORCH_DTYPES[dtype])
+            if not (reuse and (folder / "index.json").is_file()):
+                write_index(folder, m, dim, seed, EMBEDDING_TORCH_DTYPES[dtype])
+            else:
+                info["reused_index"] = True
             del m
             gc.collect()
             release_freed_memory()  # the write's blocks, which keep_freed_memory would keep in the process
@@ -242,6 +246,8 @@ def build(passages: int, stats: dict, dim: int, device: torch.device, seed: int 
         sync(device)
         build_s = time.perf_counter() - t
         build_cpu_s = time.process_time() - tc
+    if index_dir is not None:  # the load's and the graph's freed temporaries, as the server gives them back after a load
+        release_freed_memory()
     index_parts, graph_parts = index.nbytes_by_part(), graph.nbytes_by_part()
     info.update({
         "passages": passages, "sentences": index.num_sentences, "entities": index.num_entities,
@@ -468,7 +474,8 @@ def top5_agreement(graph, index, cfgs: dict, questions: int, seed: int) -> dict:
 def run_size(passages, stats, args, device, log):
     cfgs = mode_configs(args)
     index, graph, info = build(passages, stats, args.dim, device, seed=args.seed, dtype=args.embedding_dtype,
-                               cfgs=cfgs if "torch" in args.backends else {}, index_dir=args.index_dir)
+                               cfgs=cfgs if "torch" in args.backends else {}, index_dir=args.index_dir,
+                               reuse=args.reuse_index)
     if args.memory_budget:
         graph.memory_budget = args.memory_budget
     log(f"{passages:>9,} passages: {info['sentences']:,} sentences, {info['entities']:,} entities, "
@@ -658,7 +665,7 @@ def parse_args(argv=None):
                     help="reset_passages of the local rows")
     ap.add_argument("--reset-minmax", default=RetrievalConfig().reset_minmax, choices=["global", "top"])
     ap.add_argument("--ppr-eps", type=float, default=RetrievalConfig().ppr_eps, help="ppr_eps of the local rows")
-    ap.add_argument("--ann", nargs="*", default=[], choices=["ivf", "hnsw"],
+    ap.add_argument("--ann", nargs="*", default=[], choices=["ivf", "ivfpq", "hnsw"],
                     help="also the local rows with these ANN stages (RetrievalConfig.ann; needs faiss)")
     ap.add_argument("--ann-probe", type=int, default=RetrievalConfig().ann_probe, help="ann_probe of the ANN rows")
     ap.add_argument("--ann-lists", type=int, default=RetrievalConfig().ann_lists, help="ann_lists of the ANN rows")
@@ -671,6 +678,9 @@ def parse_args(argv=None):
     ap.add_argument("--index-dir", type=Path, default=None,
                     help="write each size's index to a folder here (its vectors block by block) and query it loaded "
                          "back, mapped from its files, as a saved index is (default: built and queried in memory)")
+    ap.add_argument("--reuse-index", action="store_true",
+                    help="with --index-dir: load a folder an earlier run wrote for the same size, dimension, dtype "
+                         "and seed instead of writing it again")
     ap.add_argument("--embedding-dtype", default=IndexConfig().embedding_dtype, choices=list(EMBEDDING_TORCH_DTYPES),
                     help="the dtype the index stores its vectors in (IndexConfig.embedding_dtype; default: an "
                          "index's default)")
