@@ -287,6 +287,15 @@ def ready(graph) -> bool:
     return graph.device.type == "cpu" and available()
 
 
+def gathers_only(index, device) -> bool:
+    """Whether the index's own settings (``index.retrieval_config``, what LinearRAG queries with by default) take the
+    ANN stage at its size on ``device``: its vectors are then read row by row (the candidates rescored, eq. 4's
+    sigma), never multiplied whole, and need no float32 copy."""
+    dev = torch.device(device)
+    return (dev.type == "cpu" and available()
+            and index.retrieval_config.for_corpus(index.num_passages, ann_ready=True).ann != "exact")
+
+
 def for_graph(cfg: RetrievalConfig, graph) -> RetrievalConfig:
     """``cfg.for_corpus`` for ``graph``'s index, its ``ann: auto`` taking the ANN stage where ``ready``. Where auto
     would take it but FAISS is missing, a warning once per graph: every question then scans every vector."""

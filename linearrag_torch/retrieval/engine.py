@@ -18,7 +18,7 @@ from . import ann, local_round, pairs, rerank_stage, stages
 from .activation import WHOLE_INDEX, ColumnEntries, NearestMemo
 from ..config import RetrievalConfig
 from ..index import TriGraphIndex
-from .memory import default_chunk_budget
+from .memory import default_chunk_budget, read_at_random
 from .local_ppr import PushGraph
 from .pagerank import PPRGraph, StepLog
 from ..queries import EncodedQueries, Retrieved
@@ -72,7 +72,9 @@ class DeviceGraph:
     M [S, E] and its transpose MT [E, S] as real CSR (torch's .t() is a slow CSC view on CPU),
     N_log [P, E] = ln(1 + N), and the PPR operator (built lazily per adjacent_passages setting).
     The embeddings stay in a half-precision index's dtype where the device computes in it natively and
-    ``upcast`` is not True (query_embeddings); scores and everything after them are float32.
+    ``upcast`` is not True (query_embeddings), or where the index's settings take the ANN stage at its size
+    (ann.gathers_only: its vectors are then only gathered, never multiplied whole); scores and everything after
+    them are float32. Vectors mapped from an index folder stay mapped (read_at_random: no read-ahead).
     As a round.Part it is the whole index: passages from row 0, every entity held, the identity communicator.
     """
 
@@ -92,9 +94,13 @@ class DeviceGraph:
         N = index.N.to("cpu")
         self.N_logT = N.with_values(torch.log1p(N.val)).transpose().to(self.device)  # eq. 7: active entities' columns
         self._torch_csr = {}
+        if upcast is None and ann.gathers_only(index, self.device):
+            upcast = False  # the vectors are only gathered, row by row: no float32 copy of a half index
         self.passage_emb = query_embeddings(index.passage_emb, self.device, upcast)
         self.sentence_emb = query_embeddings(index.sentence_emb, self.device, upcast)
         self.entity_emb = query_embeddings(index.entity_emb, self.device, upcast)
+        for emb in (self.passage_emb, self.sentence_emb, self.entity_emb):
+            read_at_random(emb)  # mapped from an index file: a gathered row reads its page, not a read-ahead window
         self._ppr = {}
         self._push = {}  # adjacent_passages -> local_ppr.PushGraph (ppr_mode="local")
         self.nearest_memo = NearestMemo()  # eq. 3's scan (keeping_last: a chain's later round repeats it)

@@ -23,6 +23,7 @@ drops a whole index): glibc's malloc_trim gives the free pages of every arena ba
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import time
 
@@ -141,6 +142,29 @@ def release_freed_memory() -> bool:
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     trim(0)
     return True
+
+
+_MADV_RANDOM = 1  # Linux's madvise advice: no read-ahead around a faulting page
+
+
+def read_at_random(t) -> bool:
+    """Tell the kernel that ``t``'s memory (a CPU tensor) is read at random rows: for a tensor mapped from an index
+    file, a page fault then reads that page, not the read-ahead window around it (tens of pages: a gathered row of
+    a 20 GB vector file would bring in 128 KiB, and push out of the page cache rows other questions read). Advice
+    only: the data is unchanged, anonymous memory is unaffected. True where madvise took it (Linux)."""
+    if not sys.platform.startswith("linux") or t.device.type != "cpu" or t.numel() == 0:
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        madvise = libc.madvise
+    except (OSError, AttributeError):
+        return False
+    madvise.argtypes, madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = t.data_ptr()
+    end = start + t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
+    lo = start - start % page  # madvise takes whole pages
+    return madvise(lo, end - lo, _MADV_RANDOM) == 0
 
 
 def status_bytes(field: str, pid="self") -> int | None:

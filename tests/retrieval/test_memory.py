@@ -70,3 +70,32 @@ def test_bytes_by_part_count_each_storage_once():
     vectors = sum(v for k, v in parts.items() if k.endswith("_vectors"))
     assert DeviceGraph(half, "cpu", upcast=True).nbytes_by_part()["vectors"] == vectors
     assert DeviceGraph(half, "cpu", upcast=False).nbytes_by_part()["vectors"] == 0
+
+
+def test_a_half_index_that_takes_the_ann_stage_keeps_its_vectors_half(tmp_path):
+    """Where the index's settings take the ANN stage at its size, the graph gathers rows and keeps a half index's
+    vectors as they are stored (no float32 copy, even without native half arithmetic); below that size it upcasts
+    where the device lacks native half, as before. Mapped vectors are advised for random reads, unchanged."""
+    import dataclasses
+
+    import pytest
+    import torch
+
+    pytest.importorskip("faiss")
+    from linearrag_torch.env import native_half
+    from linearrag_torch.index import TriGraphIndex
+    from linearrag_torch.retrieval.engine import DeviceGraph
+    from linearrag_torch.retrieval.memory import read_at_random
+    from linearrag_torch.synthetic import random_index
+
+    half = random_index(150, 200, dim=8, seed=2).with_embedding_dtype("float16")
+    small = DeviceGraph(half, "cpu")
+    assert small.passage_emb.dtype == (torch.float16 if native_half(torch.float16, "cpu") else torch.float32)
+    large = dataclasses.replace(half, retrieval_config=half.retrieval_config.replace(ppr_local_from=100))
+    graph = DeviceGraph(large, "cpu")
+    assert graph.entity_emb.dtype == torch.float16 and graph.nbytes_by_part()["vectors"] == 0
+    large.save(tmp_path / "i")
+    loaded = TriGraphIndex.load(tmp_path / "i")
+    before = loaded.sentence_emb.clone()
+    assert read_at_random(loaded.sentence_emb) is True
+    assert torch.equal(DeviceGraph(loaded, "cpu").sentence_emb, before)
