@@ -11,6 +11,7 @@ check written in the validator alone is found too.
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import fields
 
@@ -167,3 +168,26 @@ def test_the_config_and_its_ranges_agree():
             else:
                 assert ok, (f.name, value)
 
+
+def test_a_setting_the_index_makes_invalid_is_a_422_naming_it(small_rag):
+    """A rule across settings with one field from the request and the other from the index (question_ner "off" on
+    an index of lexicon_seeds false) cannot be in a schema made before the index: the server checks the request
+    against the index's settings and answers 422 naming the field (it was the engine's 500), as the field's
+    description in the schema says."""
+    httpx = pytest.importorskip("httpx")
+    from test_serve import TIMEOUT, serving
+
+    assert "lexicon_seeds false (this request's, else the index's) is refused (422)" in \
+        SCHEMA["properties"]["question_ner"]["description"]
+    rag = copy.copy(small_rag)
+    rag.config = small_rag.config.replace(lexicon_seeds=False, question_ner="always")
+    with serving(rag) as (url, _):
+        def post(**body):
+            return httpx.post(url + "/v1/search", json={"question": "Who directed Cocktail?", **body}, timeout=TIMEOUT)
+
+        r = post(question_ner="off")
+        assert r.status_code == 422, r.text
+        (item,) = r.json()["detail"]
+        assert item["loc"] == ["body", "question_ner"] and "lexicon_seeds" in item["msg"]
+        assert post(question_ner="off", lexicon_seeds=True).status_code == 200
+        assert post().status_code == 200 and post(lexicon_seeds=False).status_code == 200
