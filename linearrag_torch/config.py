@@ -20,14 +20,87 @@ PPR_MODES = ("auto", "exact", "local")
 # ppr_mode "auto" above ppr_local_from with reset_passages 0: the sparse reset's size (docs/tuning.md, "Local PageRank and the sparse reset")
 AUTO_RESET_PASSAGES = 2000
 RESET_MINMAX = ("global", "top")  # eq. 7's min-max with reset_passages: over all passages or over the top m
+# What no field's range can say: settings refused together, each rule ({field: values refused, ...}, why; the
+# first field named in the message). RetrievalConfig.validate checks them, and the server's request schema states
+# each as a "not" of those values (serve/schemas.py); a request that sets one of the fields and takes the other from
+# the index is checked against the index's settings (a 422 naming the field).
+CROSS_FIELD_RULES = (
+    ({"question_ner": tuple(q for q in QUESTION_NER if q != "always"), "lexicon_seeds": (False,)},
+     "leaves question entities to the lexicon: it needs lexicon_seeds"),
+)
 # retrieval/ann.py: the nearest-vector stage: by the corpus's size, the exact product, or FAISS
 ANN_KINDS = ("auto", "exact", "ivf", "ivfpq", "hnsw")
 
 
 def _f(default, help: str, **meta):
     """A field with its help text; ``meta``: flag (its name when not --field-name), type (of the flag's
-    value), choices."""
+    value), choices (the values it takes), range (a ``Range``: the numbers it takes)."""
     return field(default=default, metadata={"help": help, **meta})
+
+
+def _num(x) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+@dataclass(frozen=True)
+class Range:
+    """The numbers a setting takes, declared once with its field (``_f(..., range=Range(...))``): from ``lo`` to
+    ``hi`` (None: no bound on that side; ``open_lo`` / ``open_hi``: the bound itself excluded), or one of ``also``
+    (values outside the range with a meaning of their own, such as 0 for off). ``RetrievalConfig.validate`` checks
+    it and the server's request schema states it (serve/schemas.py: ``anyOf`` of ``also``'s constants and the
+    interval's minimum / maximum / exclusive bounds), so that the two cannot disagree.
+
+    Examples
+    --------
+    >>> r = Range(16, 512, also=(0,))
+    >>> [v in r for v in (0, 1, 15, 16, 512, 513)]
+    [True, False, False, True, True, False]
+    >>> r.text(), Range(0.0, 1.0, open_lo=True, open_hi=True).text(), Range(1).text()
+    ('0 or in [16, 512]', 'in (0, 1)', '>= 1')
+    """
+
+    lo: float | None = None
+    hi: float | None = None
+    open_lo: bool = False
+    open_hi: bool = False
+    also: tuple = ()
+
+    def __contains__(self, value) -> bool:
+        if value in self.also:
+            return True
+        if value != value:  # NaN is in no range
+            return False
+        if self.lo is not None and (value < self.lo or (self.open_lo and value == self.lo)):
+            return False
+        return self.hi is None or not (value > self.hi or (self.open_hi and value == self.hi))
+
+    def text(self) -> str:
+        """The range in words: "in (0, 1)", ">= 1", "0 or in [16, 512]"."""
+        if self.lo is not None and self.hi is not None:
+            interval = (f"in {'(' if self.open_lo else '['}{_num(self.lo)}, {_num(self.hi)}"
+                        f"{')' if self.open_hi else ']'}")
+        elif self.lo is not None:
+            interval = f"{'>' if self.open_lo else '>='} {_num(self.lo)}"
+        elif self.hi is not None:
+            interval = f"{'<' if self.open_hi else '<='} {_num(self.hi)}"
+        else:
+            interval = "any number"
+        return " or ".join([*map(_num, self.also), interval])
+
+    def within(self, lo=None, hi=None) -> "Range":
+        """This range less what lies outside [lo, hi] (a server's caps on a request's settings)."""
+        new_lo, open_lo = self.lo, self.open_lo
+        if lo is not None and (new_lo is None or lo > new_lo):
+            new_lo, open_lo = lo, False
+        new_hi, open_hi = self.hi, self.open_hi
+        if hi is not None and (new_hi is None or hi < new_hi):
+            new_hi, open_hi = hi, False
+        also = tuple(v for v in self.also if (lo is None or v >= lo) and (hi is None or v <= hi))
+        return Range(new_lo, new_hi, open_lo, open_hi, also)
+
+
+POSITIVE = Range(0.0, open_lo=True)  # > 0
+AT_LEAST_0, AT_LEAST_1 = Range(0), Range(1)
 
 
 @dataclass
@@ -88,27 +161,31 @@ class RetrievalConfig:
 
     mode: str = _f("reference", "activation: 'paper' (eq. 5 as written) or 'reference' (the reference code's BFS)",
                    choices=MODES)
-    max_iterations: int = _f(3, "activation loop runs while t < this (3 = two hops)")
+    max_iterations: int = _f(3, "activation loop runs while t < this (3 = two hops)", range=AT_LEAST_1)
     delta: float = _f(0.4, "activation threshold, dynamic pruning (reference: iteration_threshold)")
     lam: float = _f(1.0, "lambda of eq. 7, weight of dense similarity in the passage reset (reference: passage_ratio)")
-    damping: float = _f(0.7, "PageRank damping d: probability of following an edge")
-    top_k_sentence: int = _f(1, "reference mode: unused sentences each active entity expands per step")
+    damping: float = _f(0.7, "PageRank damping d: probability of following an edge",
+                             range=Range(0.0, 1.0, open_lo=True, open_hi=True))
+    top_k_sentence: int = _f(1, "reference mode: unused sentences each active entity expands per step",
+                                range=AT_LEAST_1)
     passage_node_weight: float = _f(0.05, "W_p of eq. 7")
-    top_k: int = _f(5, "passages returned per question")
+    top_k: int = _f(5, "passages returned per question", range=AT_LEAST_1)
     # (float32 rounding puts the floor of ppr_tol near 1e-7)
-    ppr_tol: float = _f(1e-6, "power-iteration tolerance: a question stops when its L1 change falls below this")
-    ppr_max_iter: int = _f(200, "power-iteration cap")
+    ppr_tol: float = _f(1e-6, "power-iteration tolerance: a question stops when its L1 change falls below this",
+                              range=POSITIVE)
+    ppr_max_iter: int = _f(200, "power-iteration cap", range=AT_LEAST_1)
     ppr_mode: str = _f("auto", "PageRank of eq. 6: 'exact' (iterates over the whole graph until ppr_tol), 'local' "
                                "(a forward push touching only the nodes whose residual exceeds ppr_eps times their "
                                "strength; every passage score within ppr_eps of the exact one, docs/METHOD.md) or "
                                "'auto' (exact below ppr_local_from passages; from there local, with a sparse reset "
                                f"of {AUTO_RESET_PASSAGES} passages when reset_passages is 0)", choices=PPR_MODES)
     ppr_local_from: int = _f(100_000, "ppr_mode auto: indexes of at least this many passages take the local "
-                                      "PageRank, smaller ones the exact walk (which is faster there)")
+                                      "PageRank, smaller ones the exact walk (which is faster there)", range=AT_LEAST_0)
     ppr_eps: float = _f(1e-5, "local PageRank: a node is pushed while its residual exceeds this times its strength "
-                              "(smaller: closer to exact, more work)")
+                              "(smaller: closer to exact, more work)", range=POSITIVE)
     reset_passages: int = _f(0, "eq. 7's dense term only for each question's this many passages most similar to it "
-                                "(0: every passage; the passages holding active entities keep their entity term)")
+                                "(0: every passage; the passages holding active entities keep their entity term)",
+                                range=AT_LEAST_0)
     reset_minmax: str = _f("global", "with reset_passages: eq. 7's min-max of the cosines over all passages "
                                      "('global') or over those top passages ('top')", choices=RESET_MINMAX)
     ann: str = _f("auto", "the nearest-vector stage of eq. 3's seeds and, with ppr_mode local and reset_passages, of "
@@ -119,8 +196,9 @@ class RetrievalConfig:
                           "passages on where the local PageRank runs with a sparse reset, on the CPU with FAISS "
                           "installed, else 'exact'", choices=ANN_KINDS)
     ann_probe: int = _f(16, "ann ivf: inverted lists searched per vector (nprobe); ann hnsw: the search's "
-                            "candidate list (efSearch, at least the vectors asked for)")
-    ann_lists: int = _f(0, "ann ivf: inverted lists of the index (0: about the square root of the vectors)")
+                            "candidate list (efSearch, at least the vectors asked for)", range=AT_LEAST_1)
+    ann_lists: int = _f(0, "ann ivf: inverted lists of the index (0: about the square root of the vectors)",
+                           range=AT_LEAST_0)
     ann_cache: str = _f("", "a folder where the FAISS indexes are written on first build and read back on "
                             "later loads (faiss.write_index's own format; '' keeps them in memory only)")
     adjacent_passages: bool = _f(False, "link passage i to i+1 (only for consecutive chunks of one document)")
@@ -132,30 +210,37 @@ class RetrievalConfig:
     use_ppr: bool = _f(True, "ablation switch: --no-use-ppr ranks passages by their eq. 7 reset weight")
     # second round following the chain one more hop (chain.py; docs/QUALITY.md)
     chain_passages: int = _f(2, "first-round passages whose most question-like sentences' entities seed a second "
-                                "round (0: one round)")
-    chain_sentences: int = _f(2, "sentences per such passage (by eq. 4's sigma) whose entities become seeds")
-    chain_weight: float = _f(2.0, "scale of those seeds' scores (share of the top score x sigma x this)")
-    chain_keep: int = _f(1, "passages of each round kept ahead of the next round's ranking")
-    chain_rounds: int = _f(1, "rounds after the first, each seeded from the one before")
-    chain_passage_weight: float = _f(1.0, "W_p of eq. 7 in the later rounds")
+                                "round (0: one round)", range=AT_LEAST_0)
+    chain_sentences: int = _f(2, "sentences per such passage (by eq. 4's sigma) whose entities become seeds",
+                                 range=AT_LEAST_1)
+    chain_weight: float = _f(2.0, "scale of those seeds' scores (share of the top score x sigma x this)",
+                                  range=Range(0.0))
+    chain_keep: int = _f(1, "passages of each round kept ahead of the next round's ranking", range=AT_LEAST_0)
+    chain_rounds: int = _f(1, "rounds after the first, each seeded from the one before", range=AT_LEAST_1)
+    chain_passage_weight: float = _f(1.0, "W_p of eq. 7 in the later rounds", range=Range(0.0))
     chain_prior_floor: float = _f(0.1, "later rounds: a passage cosine below this counts as this in eq. 7's dense "
-                                       "prior, so unrelated passages do not stretch its min-max scale (-1: off)")
+                                       "prior, so unrelated passages do not stretch its min-max scale (-1: off)",
+                                       range=Range(-1.0, 1.0))
     chain_bridge_prior: bool = _f(True, "later rounds: a passage's cosine in eq. 7 is at least that of its most "
                                         "question-like sentence mentioning a chain seed (its title line aside)")
     # the first two places go to the best pair of the top passages (pairs.py; docs/QUALITY.md)
-    pair_candidates: int = _f(5, "the first two places go to the best pair among this many top passages (0: off)")
-    pair_rank_weight: float = _f(0.1, "pair score: weight of the two passages' scores (each a share of the top one)")
-    pair_link_weight: float = _f(0.1, "pair score: bonus when the two passages share a rare entity")
-    pair_link_max_passages: int = _f(50, "an entity links a pair when it occurs in at most this many passages")
+    pair_candidates: int = _f(5, "the first two places go to the best pair among this many top passages (0: off)",
+                                 range=AT_LEAST_0)
+    pair_rank_weight: float = _f(0.1, "pair score: weight of the two passages' scores (each a share of the top one)",
+                                      range=Range(0.0))
+    pair_link_weight: float = _f(0.1, "pair score: bonus when the two passages share a rare entity", range=Range(0.0))
+    pair_link_max_passages: int = _f(50, "an entity links a pair when it occurs in at most this many passages",
+                                         range=AT_LEAST_1)
     # the learned reranker (rerank/; retrieval/rerank_stage.py; docs/QUALITY.md, "The learned reranker")
     rerank: bool = _f(False, "rescore the graph's top candidates with the learned cross-encoder and order them by "
                              "its score fused with the graph's")
     rerank_candidates: int = _f(5, "graph candidates the reranker rescores per question (hits after them keep the "
-                                          "graph's order)")
+                                          "graph's order)", range=AT_LEAST_1)
     # chosen on the reranker's held-out training questions (benchmarks/rerank_loop.py --train; docs/reranker.md)
     rerank_loop_candidates: int = _f(5, "with rerank and a chain: the reranker also reorders this many of each round's "
                                         "top passages but the last's, and the chain takes its sources and kept "
-                                        "passages from that order (0: only the final list is reranked)")
+                                        "passages from that order (0: only the final list is reranked)",
+                                        range=AT_LEAST_0)
     reranker_precision: str = _f("auto", "what the reranker runs in: float32, bfloat16 (autocast), int8 (dynamically "
                                             "quantised Linear layers, CPU) or auto (bfloat16 where the device has "
                                             "native bf16, else float32)",
@@ -164,10 +249,10 @@ class RetrievalConfig:
     rerank_pair_tokens: int = _f(0, "tokens of a reranker pair: a shorter pair cuts the candidate passage (the "
                                     "question and the context keep their shares; kept between the model's question "
                                     "and context shares + 5 and its own length); 0: the model's own length (136 for "
-                                    "the shipped model)")
+                                    "the shipped model)", range=Range(16, 512, also=(0,)))
     rerank_length_step: int = _f(0, "score each reranker pair at its own length rounded up to a multiple of this "
                                     "many tokens, the pairs of one length in passes together, instead of every pair "
-                                    "padded to the full length (0: off)")
+                                    "padded to the full length (0: off)", range=Range(0, 512))
     reranker: str = _f("", "reranker folder from `linearrag train-reranker` (empty: the model shipped with the "
                            "package)")
     # the set reader (rerank/set_reader.py; docs/reranker.md, "The set reader")
@@ -175,7 +260,7 @@ class RetrievalConfig:
                                         "shipped in the reranker's folder (it reads each question's candidates "
                                         "together) instead of the pointwise fused score")
     rerank_reach: int = _f(10, "with rerank_set_reader: candidates read for the questions its reach classifier picks "
-                               "(the others read rerank_candidates; <= rerank_candidates: no reach)")
+                               "(the others read rerank_candidates; <= rerank_candidates: no reach)", range=AT_LEAST_0)
 
     @classmethod
     def reference_code(cls, **changes) -> "RetrievalConfig":
@@ -203,63 +288,20 @@ class RetrievalConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError naming the first field out of its range (run on every construction)."""
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.max_iterations < 1:
-            raise ValueError(f"max_iterations must be >= 1, got {self.max_iterations}")
-        if not 0.0 < self.damping < 1.0:
-            raise ValueError(f"damping must be in (0, 1), got {self.damping}")
-        if self.top_k_sentence < 1:
-            raise ValueError(f"top_k_sentence must be >= 1, got {self.top_k_sentence}")
-        if self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if self.ppr_tol <= 0 or self.ppr_max_iter < 1:
-            raise ValueError("ppr_tol must be > 0 and ppr_max_iter >= 1")
-        if self.ppr_mode not in PPR_MODES:
-            raise ValueError(f"ppr_mode must be one of {PPR_MODES}, got {self.ppr_mode!r}")
-        if self.ppr_local_from < 0:
-            raise ValueError(f"ppr_local_from must be >= 0, got {self.ppr_local_from}")
-        if not self.ppr_eps > 0:
-            raise ValueError(f"ppr_eps must be > 0, got {self.ppr_eps}")
-        if self.reset_passages < 0:
-            raise ValueError(f"reset_passages must be >= 0, got {self.reset_passages}")
-        if self.reset_minmax not in RESET_MINMAX:
-            raise ValueError(f"reset_minmax must be one of {RESET_MINMAX}, got {self.reset_minmax!r}")
-        if self.ann not in ANN_KINDS:
-            raise ValueError(f"ann must be one of {ANN_KINDS}, got {self.ann!r}")
-        if self.ann_probe < 1:
-            raise ValueError(f"ann_probe must be >= 1, got {self.ann_probe}")
-        if self.ann_lists < 0:
-            raise ValueError(f"ann_lists must be >= 0, got {self.ann_lists}")
-        if self.chain_passages < 0 or self.chain_sentences < 1 or self.chain_keep < 0 or self.chain_weight < 0 \
-                or self.chain_rounds < 1 or self.chain_passage_weight < 0:
-            raise ValueError("chain_passages, chain_keep, chain_weight and chain_passage_weight must be >= 0, "
-                             "chain_sentences and chain_rounds >= 1")
-        if self.pair_candidates < 0 or self.pair_rank_weight < 0 or self.pair_link_weight < 0 \
-                or self.pair_link_max_passages < 1:
-            raise ValueError("pair_candidates, pair_rank_weight and pair_link_weight must be >= 0, "
-                             "pair_link_max_passages >= 1")
-        if self.question_ner not in QUESTION_NER:
-            raise ValueError(f"question_ner must be one of {QUESTION_NER}, got {self.question_ner!r}")
-        if self.question_ner != "always" and not self.lexicon_seeds:
-            raise ValueError(f"question_ner={self.question_ner!r} leaves question entities to the lexicon: it needs "
-                             "lexicon_seeds")
-        if self.rerank_candidates < 1:
-            raise ValueError(f"rerank_candidates must be >= 1, got {self.rerank_candidates}")
-        if self.reranker_precision not in RERANKER_PRECISIONS:
-            raise ValueError(f"reranker_precision must be one of {RERANKER_PRECISIONS}, got {self.reranker_precision!r}")
-        if self.rerank_loop_candidates < 0:
-            raise ValueError(f"rerank_loop_candidates must be >= 0, got {self.rerank_loop_candidates}")
-        if self.rerank_reach < 0:
-            raise ValueError(f"rerank_reach must be >= 0, got {self.rerank_reach}")
-        if not (self.rerank_pair_tokens == 0 or 16 <= self.rerank_pair_tokens <= 512):
-            raise ValueError(f"rerank_pair_tokens must be 0 (the model's length) or in [16, 512], got "
-                             f"{self.rerank_pair_tokens}")
-        if not 0 <= self.rerank_length_step <= 512:
-            raise ValueError(f"rerank_length_step must be in [0, 512] (0: off), got {self.rerank_length_step}")
-        if not -1.0 <= self.chain_prior_floor <= 1.0:
-            raise ValueError(f"chain_prior_floor must be in [-1, 1] (a cosine), got {self.chain_prior_floor}")
+        """Raise ValueError naming the first field out of its range (run on every construction): each field's own
+        ``choices`` and ``range`` (its metadata, which the server's request schema states too), then
+        ``CROSS_FIELD_RULES``."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            choices, rng = f.metadata.get("choices"), f.metadata.get("range")
+            if choices is not None and value not in choices:
+                raise ValueError(f"{f.name} must be one of {tuple(choices)}, got {value!r}")
+            if rng is not None and value not in rng:
+                raise ValueError(f"{f.name} must be {rng.text()}, got {value}")
+        for refused, why in CROSS_FIELD_RULES:
+            if all(getattr(self, name) in values for name, values in refused.items()):
+                first = next(iter(refused))
+                raise ValueError(f"{first}={getattr(self, first)!r} {why}")
 
     def for_corpus(self, passages: int, local: bool = True, ann_ready: bool = False) -> "RetrievalConfig":
         """These settings with ``ppr_mode`` and ``ann`` "auto" made concrete for an index's size. Every engine calls

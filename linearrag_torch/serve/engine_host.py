@@ -77,6 +77,11 @@ class LocalEngineHost(Lifespan):
     def queued(self) -> int:
         return self.batcher.queued
 
+    @property
+    def retrieval_config(self):
+        """The index's retrieval settings (None while none is loaded): the front checks a request's against them."""
+        return self.rag.config if self.rag is not None else None
+
     async def hits(self, key: tuple, items: list) -> list:
         """Hits for each (question, top_k) with the retrieval settings ``key``, through the batcher."""
         return await self.batcher.submit(key, items)

@@ -265,13 +265,32 @@ class HTTPFront:
 
     def _validate(self, body):
         try:
-            return self.SearchRequest.model_validate(body)
+            req = self.SearchRequest.model_validate(body)
         except ValidationError as exc:
             errors = [{**e, "loc": ["body", *e["loc"]]} for e in exc.errors(include_url=False)]
             for e in errors:
                 e.pop("ctx", None)
                 cut_echo(e)
             raise HTTPError(422, jsonable_encoder(errors), "invalid") from None
+        self._check_with_index(req)
+        return req
+
+    def _check_with_index(self, req) -> None:
+        """422 for settings the index's own make invalid (a rule of config.CROSS_FIELD_RULES, one field from the
+        request and the other from the index: question_ner "off" on an index of lexicon_seeds false), which the
+        engine would otherwise fail on (a 500). The request schema says so in those fields' descriptions."""
+        base = getattr(self.host, "retrieval_config", None)  # the index's settings, where the host knows them
+        overrides = dict(self.batch_key(req))
+        if base is None or not overrides:
+            return
+        try:
+            base.replace(**overrides)
+        except ValueError as exc:
+            msg = str(exc)
+            name = min((k for k in overrides if k in msg), key=msg.index, default=None)
+            raise HTTPError(422, [{"type": "value_error", "loc": ["body", *([name] if name else [])],
+                                   "msg": f"with the index's settings: {msg}",
+                                   "input": overrides.get(name)}], "invalid") from None
 
     def _check_ready(self) -> None:
         host = self.host

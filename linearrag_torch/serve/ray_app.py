@@ -41,7 +41,7 @@ from dataclasses import dataclass, fields
 from typing import Callable, Hashable, Sequence
 
 from ..runtime.words import count
-from ..config import _f
+from ..config import RetrievalConfig, _f
 from .batcher import BatchStats
 from .host import Lifespan
 from .settings import ServeSettings
@@ -291,6 +291,7 @@ class RayEngineHost(Lifespan):
         self.fingerprint: str | None = None
         self.loaded_at: float | None = None
         self.default_top_k = 5
+        self.retrieval_config = None  # the replicas' index's settings (the front checks a request's against them)
         bounds = ray_settings.autoscale_bounds()
         self.engines = ray_settings.replicas or (bounds[1] if bounds else 1)  # replicas answering in parallel
         # the front admits what the replicas take at once and Ray queues; Ray's backpressure stays the backstop
@@ -300,6 +301,7 @@ class RayEngineHost(Lifespan):
     async def start(self) -> None:
         info = await self.engine.describe.remote()  # waits for an engine replica
         self.default_top_k = info["settings"]["top_k"]
+        self.retrieval_config = RetrievalConfig.from_dict(info["settings"])
         self.fingerprint = info["fingerprint"]
         self.loaded_at = time.time()
         self.ready = True

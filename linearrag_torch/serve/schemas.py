@@ -3,30 +3,29 @@ description of every route's responses: the document at /openapi.json says what 
 generated from it is right), and tests/serve/test_openapi_contract.py holds the server to it with schemathesis."""
 from __future__ import annotations
 
+import json
 from dataclasses import fields
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, create_model, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, create_model,
+                      model_validator)
 
-from ..config import QUESTION_NER, RetrievalConfig
+from ..config import CROSS_FIELD_RULES, Range, RetrievalConfig
 from .settings import ServeSettings
 
-# upper bounds a client may set for the settings that multiply the engine's work
-SETTING_BOUNDS = {"max_iterations": (1, 16), "top_k_sentence": (1, 64), "ppr_max_iter": (1, 1000),
-                  "chain_passages": (0, 16), "chain_sentences": (1, 16), "chain_keep": (0, 16), "chain_rounds": (1, 4),
-                  "pair_candidates": (0, 16), "rerank_candidates": (1, 50), "rerank_loop_candidates": (0, 50),
-                  "rerank_reach": (0, 50), "rerank_pair_tokens": (0, 512), "rerank_length_step": (0, 512),
-                  "pair_link_max_passages": (1, 2 ** 31 - 1),  # (past int32 the engine's tensors overflow: 500)
-                  "reset_passages": (0, 2 ** 31 - 1), "ppr_local_from": (0, 2 ** 31 - 1), "ann_probe": (1, 4096)}
-# the float settings: RetrievalConfig.validate's own bounds, as pydantic (and JSON Schema) constraints, so that
-# the OpenAPI document says them; every other float lies within +-FLOAT_LIMIT (a weight of 1e308 overflows the
-# float32 scores: NaN, which JSON cannot carry) and is finite
+# The numbers a request may set. Each setting's own range is declared once, with its field (config.py, metadata
+# "range"), where RetrievalConfig.validate reads it too; the server adds its caps: the most a request may set of the
+# integer settings that multiply the engine's work (past int32 the engine's tensors overflow: 2**31 - 1), and
+# +-FLOAT_LIMIT for every float (a weight of 1e308 overflows the float32 scores: NaN, which JSON cannot carry).
+# The schema states the intersection (request_range), and the request model checks exactly that.
+INT32_MAX = 2 ** 31 - 1
+REQUEST_MAX = {"max_iterations": 16, "top_k_sentence": 64, "ppr_max_iter": 1000, "chain_passages": 16,
+               "chain_sentences": 16, "chain_keep": 16, "chain_rounds": 4, "pair_candidates": 16,
+               "rerank_candidates": 50, "rerank_loop_candidates": 50, "rerank_reach": 50, "rerank_pair_tokens": 512,
+               "rerank_length_step": 512, "pair_link_max_passages": INT32_MAX, "reset_passages": INT32_MAX,
+               "ppr_local_from": INT32_MAX, "ann_probe": 4096}
 FLOAT_LIMIT = 1e6
-FLOAT_BOUNDS = {"damping": {"gt": 0.0, "lt": 1.0}, "ppr_tol": {"gt": 0.0, "le": FLOAT_LIMIT},
-                "ppr_eps": {"gt": 0.0, "le": FLOAT_LIMIT},
-                "chain_weight": {"ge": 0.0, "le": FLOAT_LIMIT}, "chain_passage_weight": {"ge": 0.0, "le": FLOAT_LIMIT},
-                "pair_rank_weight": {"ge": 0.0, "le": FLOAT_LIMIT}, "pair_link_weight": {"ge": 0.0, "le": FLOAT_LIMIT},
-                "chain_prior_floor": {"ge": -1.0, "le": 1.0}}
+TOP_K = {f.name: f for f in fields(RetrievalConfig)}["top_k"]  # a request's top_k: its range within --max-top-k
 # settings only the operator chooses (`linearrag serve --reranker DIR`): a request may not name a folder to load
 # or write, nor make the server build an ANN index (`--ann`, `--ann-lists`: minutes per million vectors)
 SERVER_ONLY_SETTINGS = ("reranker", "ann", "ann_lists", "ann_cache")
@@ -49,9 +48,59 @@ def _whole(value):
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def Int(lo: int | None = None, hi: int | None = None):  # noqa: N802 (a type)
-    """An integer in [lo, hi] (its bounds inside, where the JSON Schema shows them), whole floats taken."""
-    return Annotated[int, Field(ge=lo, le=hi), BeforeValidator(_whole)]
+def request_range(f) -> Range:
+    """What a request may set of the numeric setting ``f`` (a field of RetrievalConfig): its own range (config.py)
+    within this server's caps (REQUEST_MAX for an integer: KeyError for one without a cap; +-FLOAT_LIMIT for a
+    float)."""
+    own = f.metadata.get("range") or Range()
+    if type(f.default) is int:
+        return own.within(None, REQUEST_MAX[f.name])
+    return own.within(-FLOAT_LIMIT, FLOAT_LIMIT)
+
+
+def range_schema(r: Range, typ: type) -> dict:
+    """The JSON Schema of the numbers of ``r`` (``typ`` int: "integer", float: "number"): the interval's minimum /
+    maximum (exclusive for an open bound), and with values besides it (``also``) an ``anyOf`` of their constants and
+    the interval."""
+    interval = {"type": "integer" if typ is int else "number"}
+    if r.lo is not None:
+        interval["exclusiveMinimum" if r.open_lo else "minimum"] = r.lo
+    if r.hi is not None:
+        interval["exclusiveMaximum" if r.open_hi else "maximum"] = r.hi
+    if not r.also:
+        return interval
+    return {"anyOf": [*({"const": v, "type": interval["type"]} for v in r.also), interval]}
+
+
+def Number(typ: type, r: Range):  # noqa: N802 (a type)
+    """``typ`` (int, taking whole floats as JSON Schema's integer does, or a finite float) in the range ``r``:
+    checked by ``r`` itself (the message says the range), its schema from ``range_schema``."""
+    text = r.text()
+
+    def inside(value):
+        if value not in r:
+            raise ValueError(f"must be {text}")
+        return value
+
+    checks = [BeforeValidator(_whole)] if typ is int else []
+    return Annotated[(typ, *checks, AfterValidator(inside), WithJsonSchema(range_schema(r, typ)))]
+
+
+def _said(values) -> str:
+    return " or ".join(json.dumps(v) for v in values)
+
+
+def setting_description(f) -> str:
+    """A retrieval setting's description in the request schema: the default, and the rules across settings it is
+    part of (config.CROSS_FIELD_RULES; the schema states them too, but a request that sets one field of a rule and
+    takes the other from the index is checked against the index's settings)."""
+    text = "retrieval setting (default: the index's)"
+    for refused, why in CROSS_FIELD_RULES:
+        if f.name in refused:
+            others = " and ".join(f"{k} {_said(vs)}" for k, vs in refused.items() if k != f.name)
+            text += (f"; {_said(refused[f.name])} with {others} (this request's, else the index's) is refused "
+                     f"(422): {next(iter(refused))} {why}")
+    return text
 
 
 # ---------------------------------------------------------------------------------------------- schemas
@@ -129,14 +178,11 @@ def search_request_model(s: ServeSettings) -> type[BaseModel]:
         if f.name == "top_k" or f.name in SERVER_ONLY_SETTINGS:
             continue
         typ = type(f.default)
-        extra = {}
         if f.metadata.get("choices"):  # mode, question_ner, reranker_precision: an enum in the schema
             typ = Literal[tuple(f.metadata["choices"])]  # type: ignore[valid-type]
-        elif typ is int:
-            typ = Int(*SETTING_BOUNDS[f.name])  # every integer setting has its bounds (KeyError: give it some)
-        elif typ is float:
-            extra = FLOAT_BOUNDS.get(f.name, {"ge": -FLOAT_LIMIT, "le": FLOAT_LIMIT})
-        settings[f.name] = (Optional[typ], Field(None, description="retrieval setting (default: the index's)", **extra))
+        elif typ in (int, float):  # its range (config.py) within the server's caps
+            typ = Number(typ, request_range(f))
+        settings[f.name] = (Optional[typ], Field(None, description=setting_description(f)))
 
     def check(self):
         if (self.question is None) == (self.questions is None):
@@ -153,8 +199,8 @@ def search_request_model(s: ServeSettings) -> type[BaseModel]:
         question=(Question, Field(None, description="one question")),
         questions=(list[Question], Field(None, min_length=1, max_length=s.max_questions,
                                          description="several questions (each as question)")),
-        top_k=(Optional[Int(1, s.max_top_k)], Field(None, description="passages per question (default: the "
-                                                                           "index's)")),
+        top_k=(Optional[Number(int, TOP_K.metadata["range"].within(None, s.max_top_k))],
+               Field(None, description="passages per question (default: the index's)")),
         include_text=(bool, Field(False, description="return each passage's text")),
         **settings,
     )
@@ -162,17 +208,21 @@ def search_request_model(s: ServeSettings) -> type[BaseModel]:
 
 def request_schema(model: type[BaseModel]) -> dict:
     """The JSON Schema of a request body model as the server applies it: exactly one of question / questions
-    (``oneOf``), neither of them null, no blank question, and no question_ner other than "always" beside
-    lexicon_seeds false (RetrievalConfig.validate)."""
+    (``oneOf``), neither of them null, no blank question, each setting's range (a nested ``anyOf`` flattened), and
+    none of the combinations config.CROSS_FIELD_RULES refuses (``not``: no question_ner other than "always" beside
+    lexicon_seeds false)."""
     schema = model.model_json_schema()
     props = schema["properties"]
     for name in ("question", "questions"):
         props[name].pop("default", None)
     props["question"]["pattern"] = props["questions"]["items"]["pattern"] = NOT_BLANK
+    for prop in props.values():
+        if "anyOf" in prop:
+            prop["anyOf"] = [y for x in prop["anyOf"] for y in (x["anyOf"] if set(x) == {"anyOf"} else [x])]
     schema["oneOf"] = [{"required": ["question"]}, {"required": ["questions"]}]
-    others = [q for q in QUESTION_NER if q != "always"]
-    schema["not"] = {"required": ["question_ner", "lexicon_seeds"],
-                     "properties": {"question_ner": {"enum": others}, "lexicon_seeds": {"const": False}}}
+    schema["not"] = {"anyOf": [{"required": list(refused),
+                                "properties": {k: {"enum": list(vs)} for k, vs in refused.items()}}
+                               for refused, _ in CROSS_FIELD_RULES]}
     return schema
 
 

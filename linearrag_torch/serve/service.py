@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .engine_host import WARMUP_QUESTION, LocalEngineHost, ReloadRefused, index_fingerprint  # noqa: F401
 from .front import HTTPError, HTTPFront  # noqa: F401
-from .schemas import SERVER_ONLY_SETTINGS, SETTING_BOUNDS, search_request_model  # noqa: F401
+from .schemas import REQUEST_MAX, SERVER_ONLY_SETTINGS, search_request_model  # noqa: F401
 from .settings import ServeSettings
 
 

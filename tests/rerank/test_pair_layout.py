@@ -115,9 +115,13 @@ def test_the_settings_are_validated():
 
 def test_the_server_schema_takes_their_range():
     pytest.importorskip("pydantic")
-    from linearrag_torch.serve.schemas import SETTING_BOUNDS
+    from linearrag_torch.serve.schemas import request_schema, search_request_model
+    from linearrag_torch.serve.settings import ServeSettings
 
-    assert SETTING_BOUNDS["rerank_pair_tokens"] == (0, 512) and SETTING_BOUNDS["rerank_length_step"] == (0, 512)
+    props = request_schema(search_request_model(ServeSettings()))["properties"]
+    assert props["rerank_pair_tokens"]["anyOf"][:2] == [{"const": 0, "type": "integer"},
+                                                        {"type": "integer", "minimum": 16, "maximum": 512}]
+    assert props["rerank_length_step"]["anyOf"][0] == {"type": "integer", "minimum": 0, "maximum": 512}
 
 
 def test_the_engine_applies_them_and_is_unchanged_without_them(small_rag, small_questions, tiny_chain_reranker_dir):
