@@ -9,8 +9,8 @@ them: mapped from an index folder, the rest of the vectors stay on disk), so a s
 - ``ivf``: an inverted file (k-means into ``ann_lists`` lists, about sqrt(rows) by default) of 8-bit scalar-quantised
   vectors (a quarter of float32's memory); a search reads the ``ann_probe`` lists whose centroids are nearest to the
   question.
-- ``ivfpq``: the same inverted file of product-quantised codes (PQ_BYTES_PER_DIM bytes a dimension: 48 bytes for
-  a 384-d vector, 1/32 of float32's memory), whose coarser scores are made up for by more candidates rescored
+- ``ivfpq``: the same inverted file of product-quantised codes (a byte for each PQ_DIMS_PER_CODE dimensions: 48
+  bytes for a 384-d vector, 1/32 of float32's memory), whose coarser scores are made up for by more candidates rescored
   (PQ_CANDIDATES per question entity, PQ_PASSAGE_OVERSAMPLE): what ``ann: auto`` takes, so that a corpus of
   millions of passages holds its vectors' codes in memory and the vectors themselves on disk.
 - ``hnsw``: a navigable small-world graph (32 links per vector) of 8-bit codes; a search keeps ``ann_probe``
@@ -42,6 +42,7 @@ import torch
 
 from ..config import RetrievalConfig
 from ..kernels import gather_sigma
+from ..kernels.backends import faiss_available
 from .activation import nearest_entities as exact_nearest
 
 # candidates of the ANN per question entity rescored exactly for eq. 3's nearest entity (the quantised scores
@@ -282,25 +283,24 @@ def _host32(x: torch.Tensor):
     return x.detach().to("cpu", torch.float32).contiguous().numpy()
 
 
-def ready(graph) -> bool:
-    """Whether ``ann: auto`` may take the ANN stage on ``graph``: FAISS imports and the graph is on the CPU."""
-    return graph.device.type == "cpu" and available()
+def ready(device) -> bool:
+    """Whether ``ann: auto`` may take the ANN stage on ``device``: the CPU, with FAISS installed (the cached check of
+    kernels.backends: this is asked once a batch)."""
+    return torch.device(device).type == "cpu" and faiss_available()
 
 
 def gathers_only(index, device) -> bool:
     """Whether the index's own settings (``index.retrieval_config``, what LinearRAG queries with by default) take the
     ANN stage at its size on ``device``: its vectors are then read row by row (the candidates rescored, eq. 4's
     sigma), never multiplied whole, and need no float32 copy."""
-    dev = torch.device(device)
-    return (dev.type == "cpu" and available()
-            and index.retrieval_config.for_corpus(index.num_passages, ann_ready=True).ann != "exact")
+    return ready(device) and index.retrieval_config.for_corpus(index.num_passages, ann_ready=True).ann != "exact"
 
 
 def for_graph(cfg: RetrievalConfig, graph) -> RetrievalConfig:
     """``cfg.for_corpus`` for ``graph``'s index, its ``ann: auto`` taking the ANN stage where ``ready``. Where auto
     would take it but FAISS is missing, a warning once per graph: every question then scans every vector."""
     passages = graph.index.num_passages
-    got = cfg.for_corpus(passages, ann_ready=ready(graph))
+    got = cfg.for_corpus(passages, ann_ready=cfg.ann == "auto" and ready(graph.device))
     if (cfg.ann == "auto" and got.ann == "exact" and graph.device.type == "cpu" and graph not in _warned_auto
             and cfg.for_corpus(passages, ann_ready=True).ann != "exact"):
         _warned_auto.add(graph)

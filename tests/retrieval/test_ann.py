@@ -245,7 +245,7 @@ def test_ann_auto_takes_the_ivf_stage_from_ppr_local_from_and_says_once_without_
     want = retrieve(DeviceGraph(index), queries, auto.replace(ppr_mode="local", ann="ivfpq"))
     assert torch.equal(got.indices, want.indices) and torch.equal(got.scores, want.scores)
 
-    monkeypatch.setattr(ann, "available", lambda: False)
+    monkeypatch.setattr(ann, "faiss_available", lambda: False)
     bare = DeviceGraph(index)
     with pytest.warns(RuntimeWarning, match="FAISS is not installed") as caught:
         got = retrieve(bare, queries, auto)
